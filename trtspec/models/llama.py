@@ -1,0 +1,277 @@
+"""A small, explicit Llama-family forward pass with a KV cache that can hold draft trees.
+
+Why our own and not transformers': speculative decoding needs three things HF's generic cache does
+not give cleanly: per-sequence cache lengths in a batch, a tree attention mask over the new tokens,
+and committing only the accepted tree nodes (KV rewind). The math is checked against transformers'
+LlamaForCausalLM in the tests, so this stays the oracle the kernels and engines are compared with.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trtspec.spec import LlamaArch
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Functional RMSNorm with fp32 accumulation (the formula the CUDA kernel must match)."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rope_inv_freq(arch: LlamaArch) -> torch.Tensor:
+    d = arch.head_dim
+    inv = 1.0 / (arch.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    rs = arch.rope_scaling or {}
+    rtype = rs.get("rope_type", rs.get("type", "default"))
+    if rtype == "linear":
+        inv = inv / float(rs["factor"])
+    elif rtype == "llama3":
+        factor = float(rs["factor"])
+        low, high = float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
+        old = float(rs.get("original_max_position_embeddings", 8192))
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old / high) & (wavelen <= old / low)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv.float()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class KVCache:
+    """Per-layer K/V of shape [B, capacity, n_kv, head_dim] and a committed length per sequence.
+
+    ``forward`` writes the new tokens at ``lengths[b] + i`` without advancing ``lengths``; the caller
+    then ``commit``s the tokens it keeps (all of them after a prefill, the accepted path after a tree).
+    """
+
+    def __init__(self, num_layers: int, batch: int, n_kv: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+        self.k = [torch.zeros(batch, capacity, n_kv, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[1]
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+    def ensure(self, needed: int) -> None:
+        """Grow (doubling) so that ``needed`` slots exist."""
+        if needed <= self.capacity:
+            return
+        cap = max(needed, 2 * self.capacity)
+        for i in range(len(self.k)):
+            for store in (self.k, self.v):
+                old = store[i]
+                new = old.new_zeros(old.shape[0], cap, *old.shape[2:])
+                new[:, : old.shape[1]] = old
+                store[i] = new
+
+    def commit(self, keep: list[torch.Tensor]) -> None:
+        """Keep, per sequence b, the new-token offsets ``keep[b]`` (ascending), compacted after the
+        committed prefix; everything else written by the last forward is dropped (KV rewind)."""
+        for b, idx in enumerate(keep):
+            n = int(idx.numel())
+            if n == 0:
+                continue
+            start = int(self.lengths[b])
+            if not torch.equal(idx, torch.arange(n, device=idx.device)):
+                src = start + idx
+                for store in (self.k, self.v):
+                    for t in store:
+                        t[b, start:start + n] = t[b, src]
+            self.lengths[b] += n
+
+    def truncate(self, lengths: torch.Tensor) -> None:
+        self.lengths = lengths.clone()
+
+
+def attention_mask(lengths: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
+    """[B, 1, T, S] bool: query i of sequence b sees the committed prefix and the new tokens that
+    ``new_mask[b, i]`` allows (causal for a chain, ancestors-only for a tree). S = max(lengths) + T."""
+    B = lengths.shape[0]
+    T = new_mask.shape[-1]
+    S = int(lengths.max()) + T
+    j = torch.arange(S, device=lengths.device)
+    L = lengths[:, None]
+    prefix = (j[None, :] < L)[:, None, :].expand(B, T, S)
+    rel = j[None, :] - L  # [B, S]
+    in_new = (rel >= 0) & (rel < T)
+    nm = new_mask.expand(B, T, T)
+    gathered = torch.gather(nm, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, S))
+    return (prefix | (gathered & in_new[:, None, :]))[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: LlamaArch, in_dim: int | None = None):
+        super().__init__()
+        H, d = arch.hidden_size, arch.head_dim
+        in_dim = in_dim or H
+        self.n_heads, self.n_kv, self.head_dim = arch.num_attention_heads, arch.num_key_value_heads, d
+        self.q_proj = nn.Linear(in_dim, self.n_heads * d, bias=arch.attention_bias)
+        self.k_proj = nn.Linear(in_dim, self.n_kv * d, bias=arch.attention_bias)
+        self.v_proj = nn.Linear(in_dim, self.n_kv * d, bias=arch.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * d, H, bias=False)
+        if arch.qk_norm:
+            self.q_norm = RMSNorm(d, arch.rms_norm_eps)
+            self.k_norm = RMSNorm(d, arch.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
+                mask: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        c, s = cos[:, :, None, :], sin[:, :, None, :]
+        q = q * c + rotate_half(q) * s
+        k = k * c + rotate_half(k) * s
+        pos = cache.lengths[:, None] + torch.arange(T, device=x.device)[None, :]
+        bidx = torch.arange(B, device=x.device)[:, None]
+        cache.k[layer][bidx, pos] = k.to(cache.k[layer].dtype)
+        cache.v[layer][bidx, pos] = v.to(cache.v[layer].dtype)
+        S = mask.shape[-1]
+        keys = cache.k[layer][:, :S].transpose(1, 2)
+        vals = cache.v[layer][:, :S].transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
+                                             enable_gqa=self.n_heads != self.n_kv)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, arch: LlamaArch):
+        super().__init__()
+        H, I = arch.hidden_size, arch.intermediate_size
+        self.gate_proj = nn.Linear(H, I, bias=arch.mlp_bias)
+        self.up_proj = nn.Linear(H, I, bias=arch.mlp_bias)
+        self.down_proj = nn.Linear(I, H, bias=arch.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Llama block. EAGLE-1 drops input_layernorm; EAGLE-3 feeds a 2H attention input."""
+
+    def __init__(self, arch: LlamaArch, has_input_norm: bool = True, attn_in_dim: int | None = None):
+        super().__init__()
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps) if has_input_norm else None
+        self.self_attn = Attention(arch, attn_in_dim)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.mlp = MLP(arch)
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
+                mask: torch.Tensor, attn_input: torch.Tensor | None = None) -> torch.Tensor:
+        if attn_input is None:
+            attn_input = self.input_layernorm(h) if self.input_layernorm is not None else h
+        a = h + self.self_attn(attn_input, cos, sin, cache, layer, mask)
+        return a + self.mlp(self.post_attention_layernorm(a))
+
+
+class Rotary(nn.Module):
+    def __init__(self, arch: LlamaArch):
+        super().__init__()
+        self.register_buffer("inv_freq", rope_inv_freq(arch), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers, final norm, lm_head. Parameter names match HF (``model.`` dropped
+    for the body, ``lm_head`` kept), so a HF state_dict loads with one prefix strip."""
+
+    def __init__(self, arch: LlamaArch):
+        super().__init__()
+        self.arch = arch
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_hidden_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.lm_head = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.rotary = Rotary(arch)
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        p = self.lm_head.weight
+        return KVCache(len(self.layers), batch, self.arch.num_key_value_heads, self.arch.head_dim, capacity,
+                       p.dtype, p.device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                new_mask: torch.Tensor, aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Run T new tokens per sequence. Returns the final (post-norm) hidden states [B, T, H] and the
+        residual stream entering each layer in ``aux_layers`` (EAGLE-3's low/mid/high features)."""
+        cache.ensure(int(cache.lengths.max()) + input_ids.shape[1])
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, h.dtype)
+        mask = attention_mask(cache.lengths, new_mask)
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in aux_layers:
+                aux.append(h)
+            h = layer(h, cos, sin, cache, i, mask)
+        return self.norm(h), aux
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+
+def load_state(module: nn.Module, tensors, mapping: dict[str, str], dtype: torch.dtype) -> None:
+    """Fill ``module``'s parameters from a TensorStore: ``mapping`` maps parameter name -> store name.
+    Tensors are read one at a time. Missing names raise KeyError (callers validated shapes already)."""
+    state = {}
+    for pname, sname in mapping.items():
+        state[pname] = tensors.load(sname).to(dtype)
+    missing, unexpected = module.load_state_dict(state, strict=False, assign=True)
+    real_missing = [m for m in missing if not m.endswith("inv_freq")]
+    if real_missing or unexpected:
+        raise KeyError(f"state mismatch: missing {real_missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def build_llama(arch: LlamaArch, tensors, dtype: torch.dtype = torch.float32) -> LlamaModel:
+    """A LlamaModel holding the weights of an HF checkpoint (TensorStore with HF names)."""
+    with torch.device("meta"):
+        model = LlamaModel(arch)
+    mapping = {}
+    for name, _ in model.named_parameters():
+        if name == "lm_head.weight":
+            mapping[name] = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
+        else:
+            mapping[name] = "model." + name
+    load_state(model, tensors, mapping, dtype)
+    model.rotary = Rotary(arch)
+    return model.eval()
+
+
+def causal_mask(T: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()[None]
