@@ -1,0 +1,161 @@
+"""Static draft trees: from Medusa/EAGLE "choices" to the buffers a tree step needs.
+
+Node numbering (shared by the reference runtime, the CUDA TreeVerify kernel and the converter):
+node 0 is the root (the last committed token, not yet fed to the target); nodes 1..N are the choices
+sorted by (depth, path), so parents always come before children and siblings are in rank order.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+
+import torch
+
+from trtspec.checkpoint.errors import UsageError
+
+
+@dataclass(frozen=True)
+class TreeBuffers:
+    """Everything derived from the choices, as CPU tensors.
+
+    parents[n]   parent node of n (-1 for the root)
+    depths[n]    depth of n (0 for the root) = its position offset from the root
+    ranks[n]     top-k rank of n among its parent's candidates (0 for the root)
+    mask[i, j]   True when j is i or an ancestor of i (tree attention: i may attend to j)
+    paths[p]     root-to-leaf node indices of leaf p, root first, padded with -1 to depth+1
+    packed_mask  int32 [N+1, ceil((N+1)/32)]: bit j%32 of word j//32 in row i is mask[i, j]
+                 (the layout of TensorRT-LLM's spec_decoding_packed_mask)
+    """
+
+    choices: tuple[tuple[int, ...], ...]
+    parents: torch.Tensor
+    depths: torch.Tensor
+    ranks: torch.Tensor
+    mask: torch.Tensor
+    paths: torch.Tensor
+    packed_mask: torch.Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes including the root."""
+        return int(self.parents.numel())
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depths.max())
+
+    def children(self, node: int) -> list[int]:
+        return [int(c) for c in torch.nonzero(self.parents == node).flatten()]
+
+    def nodes_at_depth(self, depth: int) -> list[int]:
+        return [int(c) for c in torch.nonzero(self.depths == depth).flatten()]
+
+    def max_rank_at_depth(self) -> list[int]:
+        """For each depth d >= 1, how many top-k candidates that depth needs (max rank + 1)."""
+        return [int(self.ranks[self.depths == d].max()) + 1 for d in range(1, self.max_depth + 1)]
+
+
+def normalize_choices(choices) -> tuple[tuple[int, ...], ...]:
+    """Validate and sort choices; every prefix of a path must itself be a path."""
+    try:
+        paths = [tuple(int(x) for x in c) for c in choices]
+    except (TypeError, ValueError):
+        raise UsageError(f"tree choices must be a list of lists of ints, got {choices!r:.80}") from None
+    if any(len(p) == 0 for p in paths):
+        raise UsageError("tree choices contain an empty path")
+    if any(x < 0 for p in paths for x in p):
+        raise UsageError("tree choices contain a negative rank")
+    if len(set(paths)) != len(paths):
+        raise UsageError("tree choices contain a duplicate path")
+    have = set(paths)
+    for p in paths:
+        if len(p) > 1 and p[:-1] not in have:
+            raise UsageError(f"tree choice {list(p)} has no parent {list(p[:-1])}: add it")
+    return tuple(sorted(paths, key=lambda p: (len(p), p)))
+
+
+def parse_choices(text: str) -> tuple[tuple[int, ...], ...]:
+    """Parse "[[0],[0,0],[1]]" (JSON/Python), TensorRT-LLM's "{0}, {0, 0}, {1}", or "chain:N"."""
+    text = text.strip()
+    if text.startswith("chain:"):
+        n = int(text.split(":", 1)[1])
+        return tuple(tuple([0] * d) for d in range(1, n + 1))
+    if text.startswith("{"):
+        text = "[" + text.replace("{", "[").replace("}", "]") + "]"
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise UsageError(f"cannot parse tree choices {text[:60]!r}; use e.g. [[0],[0,0],[1]] or chain:4") from None
+    return normalize_choices(value)
+
+
+def format_choices_trtllm(choices) -> str:
+    """TensorRT-LLM's runtime notation: "{0}, {0, 0}, {1}" (Triton medusa_choices/eagle_choices)."""
+    return ", ".join("{" + ", ".join(str(x) for x in c) + "}" for c in normalize_choices(choices))
+
+
+def format_choices_json(choices) -> str:
+    return json.dumps([list(c) for c in normalize_choices(choices)])
+
+
+def build_tree(choices) -> TreeBuffers:
+    paths = normalize_choices(choices)
+    index = {(): 0}
+    for i, p in enumerate(paths):
+        index[p] = i + 1
+    n = len(paths) + 1
+    parents = torch.full((n,), -1, dtype=torch.long)
+    depths = torch.zeros(n, dtype=torch.long)
+    ranks = torch.zeros(n, dtype=torch.long)
+    for p, i in index.items():
+        if p:
+            parents[i] = index[p[:-1]]
+            depths[i] = len(p)
+            ranks[i] = p[-1]
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = int(parents[j])
+    has_child = torch.zeros(n, dtype=torch.bool)
+    has_child[parents[parents >= 0]] = True
+    leaves = [i for i in range(n) if not has_child[i]]
+    max_depth = int(depths.max())
+    path_t = torch.full((len(leaves), max_depth + 1), -1, dtype=torch.long)
+    for r, leaf in enumerate(leaves):
+        chain, j = [], leaf
+        while j >= 0:
+            chain.append(j)
+            j = int(parents[j])
+        chain.reverse()
+        path_t[r, : len(chain)] = torch.tensor(chain)
+    return TreeBuffers(paths, parents, depths, ranks, mask, path_t, pack_mask(mask))
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Pack a bool [..., N, N] mask into int32 words along the last dim (bit j%32 of word j//32)."""
+    n = mask.shape[-1]
+    words = (n + 31) // 32
+    padded = torch.zeros(*mask.shape[:-1], words * 32, dtype=torch.int64)
+    padded[..., :n] = mask.to(torch.int64)
+    bits = padded.view(*mask.shape[:-1], words, 32) << torch.arange(32, dtype=torch.int64)
+    packed = bits.sum(-1)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # two's complement for bit 31
+    return packed.to(torch.int32)
+
+
+def unpack_mask(packed: torch.Tensor, n: int) -> torch.Tensor:
+    p = packed.to(torch.int64) & 0xFFFFFFFF
+    bits = (p[..., None] >> torch.arange(32, dtype=torch.int64)) & 1
+    return bits.flatten(-2)[..., :n].bool()
+
+
+#: A reasonable default tree (depth 4, 24 nodes) when no tuned tree is given: wide at depth 1 where the
+#: drafter is most accurate, narrowing with depth.
+DEFAULT_CHOICES = normalize_choices(
+    [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [3, 0],
+     [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 2, 0], [2, 0, 0],
+     [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]])
