@@ -235,12 +235,12 @@ class LlamaModel(nn.Module):
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, h.dtype)
         mask = attention_mask(cache.lengths, new_mask)
-        aux = []
+        captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
-                aux.append(h)
+                captured[i] = h
             h = layer(h, cos, sin, cache, i, mask)
-        return self.norm(h), aux
+        return self.norm(h), [captured[i] for i in aux_layers]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -1,0 +1,199 @@
+"""Drafters: turn the target's committed state into a static draft tree of token ids.
+
+Two families:
+* ``HeadsDrafter`` (medusa, mtp-linear): heads on the target's last hidden state; depth-d node tokens are
+  the top-k of head d-1, independent of the parent (the Medusa scheme).
+* ``RecurrentDrafter`` (eagle, eagle3, mtp-single, draft-model): one model applied autoregressively with
+  its own KV cache. Pair drafters consume (feature_q, token_{q+1}) at position q; the draft model
+  consumes token_q at position q. The tree is expanded depth by depth: each depth runs one forward over
+  all tree nodes above it with the tree mask (nothing committed), then takes top-k at each parent.
+
+Interface: ``observe`` feeds what the target just committed; ``propose`` returns [B, N+1] tokens (node 0 =
+root). Both are batched; sequences may have committed different numbers of tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trtspec.models.heads import Eagle3Head, EagleHead, LinearHeads, MtpSingleHead
+from trtspec.models.llama import LlamaModel, build_llama, causal_mask
+from trtspec.runtime.tree import TreeBuffers
+from trtspec.spec import DrafterSpec
+
+
+def load_module(module: nn.Module, drafter: DrafterSpec, dtype: torch.dtype, optional: tuple[str, ...] = ()) -> nn.Module:
+    """Fill a head module from the drafter's canonical tensors (names = parameter names)."""
+    state = {n: drafter.tensors.load(n) for n in drafter.tensors if n != "embed_tokens.weight"}
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    missing = [m for m in missing if m not in optional and not m.endswith("inv_freq")]
+    if missing or unexpected:
+        raise KeyError(f"{drafter.kind} heads: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    return module.to(dtype).eval()
+
+
+def _pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack variable-length rows [m_b, ...] into [B, M, ...] plus a validity mask [B, M]."""
+    M = max(r.shape[0] for r in rows)
+    out = rows[0].new_zeros(len(rows), M, *rows[0].shape[1:])
+    valid = torch.zeros(len(rows), M, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        out[b, : r.shape[0]] = r
+        valid[b, : r.shape[0]] = True
+    return out, valid
+
+
+def _fill_depth(tokens: torch.Tensor, tree: TreeBuffers, depth: int, parent_logits: torch.Tensor,
+                id_map=None) -> None:
+    """Write the tokens of every node at ``depth``: rank r of its parent's top-k.
+    parent_logits [B, N+1, V] indexed by parent node (or [B, V] shared by all parents)."""
+    nodes = tree.nodes_at_depth(depth)
+    k = int(tree.ranks[nodes].max()) + 1
+    for n in nodes:
+        p = int(tree.parents[n])
+        logits = parent_logits if parent_logits.dim() == 2 else parent_logits[:, p]
+        top = torch.topk(logits, k, dim=-1).indices[:, int(tree.ranks[n])]
+        tokens[:, n] = id_map(top) if id_map is not None else top
+
+
+class Drafter:
+    kind = "none"
+    aux_layers: tuple[int, ...] = ()
+
+    def reset(self, batch: int, capacity: int) -> None:
+        raise NotImplementedError
+
+    def observe(self, hidden: list[torch.Tensor], aux: list[torch.Tensor] | None, tokens_in: list[torch.Tensor],
+                tokens_next: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class HeadsDrafter(Drafter):
+    def __init__(self, heads: LinearHeads, lm_head: torch.Tensor, kind: str):
+        self.heads, self.lm_head, self.kind = heads, lm_head, kind
+        self.last_hidden: torch.Tensor | None = None
+
+    def reset(self, batch: int, capacity: int) -> None:
+        self.last_hidden = None
+
+    def observe(self, hidden, aux, tokens_in, tokens_next) -> None:
+        self.last_hidden = torch.stack([h[-1] for h in hidden])
+
+    @torch.no_grad()
+    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
+        tokens = torch.zeros(root.shape[0], tree.num_nodes, dtype=torch.long)
+        tokens[:, 0] = root
+        if tree.num_nodes > 1:
+            logits = self.heads(self.last_hidden, self.lm_head)  # [K, B, V]
+            for d in range(1, tree.max_depth + 1):
+                _fill_depth(tokens, tree, d, logits[d - 1])
+        return tokens
+
+
+class RecurrentDrafter(Drafter):
+    """Shared by EAGLE-1/2, EAGLE-3, mtp-single (pair drafters) and a separate draft model."""
+
+    def __init__(self, kind: str, module: nn.Module, embed: nn.Embedding | None, lm_head: torch.Tensor | None,
+                 aux_layers: tuple[int, ...] = ()):
+        self.kind, self.module, self.embed, self.lm_head = kind, module, embed, lm_head
+        self.aux_layers = aux_layers
+        self.is_draft_model = isinstance(module, LlamaModel)
+        self.id_map = module.to_target_ids if isinstance(module, Eagle3Head) else None
+
+    def reset(self, batch: int, capacity: int) -> None:
+        self.cache = self.module.new_cache(batch, capacity)
+        self.target_len = torch.zeros(batch, dtype=torch.long)  # target-committed positions seen so far
+        self.last_out: torch.Tensor | None = None
+        self.last_logits: torch.Tensor | None = None
+
+    def _step(self, tokens: torch.Tensor, features: torch.Tensor | None, new_mask: torch.Tensor,
+              depth_offset: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+        T = tokens.shape[1]
+        positions = self.cache.lengths[:, None] + (depth_offset[None, :] if depth_offset is not None
+                                                   else torch.arange(T)[None, :])
+        if self.is_draft_model:
+            hidden, _ = self.module(tokens, positions, self.cache, new_mask)
+            return None, self.module.logits(hidden)
+        emb = self.embed(tokens)
+        return self.module(emb, features, positions, self.cache, new_mask, self.lm_head)
+
+    @torch.no_grad()
+    def observe(self, hidden, aux, tokens_in, tokens_next) -> None:
+        B = len(tokens_next)
+        if self.is_draft_model:
+            rows = []
+            for b in range(B):
+                seq = torch.cat([tokens_in[b], tokens_next[b][-1:]])
+                skip = int(self.cache.lengths[b] - self.target_len[b])
+                rows.append(seq[skip:])
+            feats = None
+        else:
+            rows = list(tokens_next)
+            src = aux if self.aux_layers else hidden
+            feats, _ = _pad(list(src))
+        toks, valid = _pad(rows)
+        mask = causal_mask(toks.shape[1]) & valid[:, None, :]
+        out, logits = self._step(toks, feats, mask)
+        counts = valid.sum(1)
+        self.cache.commit([torch.arange(int(c)) for c in counts])
+        last = counts - 1
+        bidx = torch.arange(B)
+        self.last_logits = logits[bidx, last]
+        self.last_out = out[bidx, last] if out is not None else None
+        self.target_len += torch.tensor([t.shape[0] for t in tokens_in])
+
+    @torch.no_grad()
+    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
+        B, N1 = root.shape[0], tree.num_nodes
+        tokens = torch.zeros(B, N1, dtype=torch.long)
+        tokens[:, 0] = root
+        if N1 == 1:
+            return tokens
+        _fill_depth(tokens, tree, 1, self.last_logits, self.id_map)
+        feats = None
+        if self.last_out is not None:
+            feats = self.last_out.new_zeros(B, N1, self.last_out.shape[-1])
+            feats[:, 0] = self.last_out
+        for d in range(2, tree.max_depth + 1):
+            M = len([n for n in range(1, N1) if int(tree.depths[n]) <= d - 1])  # nodes 1..M (sorted by depth)
+            nodes = torch.arange(1, M + 1)
+            parent_feats = feats[:, tree.parents[nodes]] if feats is not None else None
+            mask = tree.mask[1:M + 1, 1:M + 1][None]
+            out, logits = self._step(tokens[:, nodes], parent_feats, mask, depth_offset=tree.depths[nodes] - 1)
+            if feats is not None:
+                feats[:, 1:M + 1] = out
+            full = logits.new_full((B, N1, logits.shape[-1]), float("-inf"))
+            full[:, 1:M + 1] = logits
+            _fill_depth(tokens, tree, d, full, self.id_map)
+        return tokens
+
+
+def build_drafter(drafter: DrafterSpec, target: LlamaModel, dtype: torch.dtype) -> Drafter:
+    """The runtime drafter for a DrafterSpec, sharing the target's embedding and lm_head."""
+    cfg = drafter.config
+    lm_head = target.lm_head.weight
+    if drafter.kind in ("medusa", "mtp-linear"):
+        heads = LinearHeads(int(cfg["num_heads"]), int(cfg["hidden_size"]), target.arch.vocab_size,
+                            int(cfg.get("num_layers", 1)), has_norm=drafter.kind == "mtp-linear" and bool(cfg.get("has_rmsnorm", True)),
+                            eps=float(cfg.get("rms_norm_eps", 1e-6)), own_lm_head=bool(cfg.get("own_lm_head", False)))
+        return HeadsDrafter(load_module(heads, drafter, dtype), lm_head, drafter.kind)
+    if drafter.kind == "draft-model":
+        return RecurrentDrafter("draft-model", build_llama(drafter.arch, drafter.tensors, dtype), None, None)
+    if drafter.kind == "mtp-single":
+        module = MtpSingleHead(drafter.arch, has_rmsnorm=bool(cfg.get("has_rmsnorm", True)))
+    elif drafter.kind == "eagle":
+        module = EagleHead(drafter.arch, fc_bias=bool(cfg.get("fc_bias", True)))
+    elif drafter.kind == "eagle3":
+        module = Eagle3Head(drafter.arch, int(cfg["target_hidden_size"]), int(cfg["draft_vocab_size"]))
+    else:
+        raise ValueError(f"unknown drafter kind {drafter.kind}")
+    module = load_module(module, drafter, dtype, optional=("d2t",))
+    embed = target.embed_tokens
+    if "embed_tokens.weight" in drafter.tensors:
+        embed = nn.Embedding.from_pretrained(drafter.tensors.load("embed_tokens.weight").to(dtype))
+    aux = tuple(cfg.get("aux_layers", ())) if drafter.kind == "eagle3" else ()
+    return RecurrentDrafter(drafter.kind, module, embed, lm_head, aux)
