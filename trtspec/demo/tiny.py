@@ -25,6 +25,7 @@ def make_tiny_llama(out: str | Path, seed: int = 0, model_type: str = "llama", d
     """
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     cfg_cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
                "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[model_type]
     kwargs = dict(TINY_DEFAULTS)

@@ -1,0 +1,108 @@
+"""What every client shares: the request fields (TensorRT-LLM ensemble names) and the result shape.
+
+The request goes to the `ensemble` (or `tensorrt_llm_bls`) model under the tensor names of TensorRT-LLM's
+inflight_batcher_llm repository, so these clients work against an engine-backed server unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from trtspec.checkpoint.errors import UsageError
+
+DEFAULT_MODEL = "ensemble"
+METRIC_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
+                "num_output_tokens")
+
+
+class ServerError(UsageError):
+    """The server answered a request with an error (bad request, model failure): the message is Triton's."""
+
+
+@dataclass
+class GenerateParams:
+    max_tokens: int = 64
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    end_id: int | None = None
+    stop_words: list[str] | None = None
+    return_perf_metrics: bool = True
+
+    def fields(self, text: str, stream: bool) -> dict[str, Any]:
+        """Ensemble input name -> Python value (None fields are left out: the model's default applies)."""
+        d: dict[str, Any] = {"text_input": text, "max_tokens": self.max_tokens, "stream": stream,
+                             "return_perf_metrics": self.return_perf_metrics}
+        for k in ("temperature", "top_k", "top_p", "seed", "end_id"):
+            v = getattr(self, k)
+            if v is not None:
+                d[k] = v
+        if self.stop_words:
+            d["stop_words"] = list(self.stop_words)
+        return d
+
+
+@dataclass
+class GenerateResult:
+    """Text and timing of one request; ``piece_times`` are seconds since the request was sent."""
+
+    text: str
+    pieces: list[str] = field(default_factory=list)
+    piece_times: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    latency_s: float = 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        return self.piece_times[0] if self.piece_times else self.latency_s
+
+    @property
+    def num_output_tokens(self) -> int:
+        return int(self.metrics.get("num_output_tokens", 0))
+
+    @property
+    def itl_s(self) -> float | None:
+        """Mean inter-token latency of this request: (end - first token) / (tokens - 1)."""
+        n = self.num_output_tokens
+        if n < 2 or not self.piece_times:
+            return None
+        return (self.latency_s - self.ttft_s) / (n - 1)
+
+    def mean_acceptance_length(self, max_draft_len: int | None) -> float | None:
+        """Tokens per target step (bonus included) = 1 + accepted / steps, steps = drafts / max_draft_len."""
+        drafts = self.metrics.get("total_draft_tokens")
+        if drafts is None:
+            return None
+        if not drafts or not max_draft_len:
+            return 1.0
+        steps = drafts / max_draft_len
+        return 1.0 + self.metrics.get("total_accepted_draft_tokens", 0) / steps
+
+
+def scalar(value: Any) -> Any:
+    """First element of a (nested) list / numpy array, or the value itself."""
+    while isinstance(value, (list, tuple)) and value:
+        value = value[0]
+    try:
+        import numpy as np
+
+        if isinstance(value, np.ndarray):
+            value = value.reshape(-1)[0] if value.size else None
+        if isinstance(value, np.generic):
+            value = value.item()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", errors="replace")
+    return value
+
+
+class Timer:
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.t0

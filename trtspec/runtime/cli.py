@@ -1,0 +1,134 @@
+"""CLI commands of the reference runtime: generate, demo, make-draft."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from trtspec.checkpoint.errors import UsageError
+from trtspec.checkpoint.load import HEAD_FORMATS, load_spec_model, load_tokenizer
+
+TREE_HELP = ("Static draft tree as choices, e.g. '[[0],[0,0],[1]]' (Medusa/EAGLE notation), "
+             "TensorRT-LLM's '{0}, {0, 0}, {1}', or 'chain:N'. Default: the heads' tuned tree if recorded, "
+             "else a 24-node depth-6 tree.")
+
+
+def model_options(f):
+    """Options every command that loads a SpecModel shares."""
+    opts = [
+        click.option("--target", "-t", required=True, type=click.Path(path_type=Path),
+                     help="Hugging Face target model directory (config.json + *.safetensors)."),
+        click.option("--heads", "-H", type=click.Path(path_type=Path), default=None,
+                     help="Draft heads: a Medusa/EAGLE/EAGLE-3/trtspec-MTP directory or a draft model directory."),
+        click.option("--heads-format", type=click.Choice(HEAD_FORMATS), default=None,
+                     help="Heads format; detected from the files when omitted."),
+        click.option("--tree", default=None, help=TREE_HELP),
+        click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
+                     help="Run/convert dtype (default: the checkpoint's)."),
+        click.option("--allow-pickle", is_flag=True,
+                     help="Allow .bin/.pt weights (loaded with torch.load(weights_only=True))."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    else:
+        ids = tokenizer(text)["input_ids"]
+    if not ids:
+        raise UsageError("the prompt encodes to zero tokens")
+    return list(ids)
+
+
+@click.command("generate")
+@model_options
+@click.option("--prompt", "-p", multiple=True, required=True, help="Prompt text; repeat for a batch.")
+@click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the tokenizer's chat template.")
+@click.option("--max-new-tokens", "-n", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0.0), help="0 = greedy.")
+@click.option("--top-k", default=0, show_default=True, type=click.IntRange(0))
+@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True))
+@click.option("--seed", default=0, show_default=True)
+@click.option("--compare", is_flag=True, help="Also run plain decoding and report the speedup.")
+@click.option("--json", "as_json", is_flag=True, help="Print metrics as JSON.")
+def generate_cmd(target, heads, heads_format, tree, dtype, allow_pickle, prompt, chat, max_new_tokens,
+                 temperature, top_k, top_p, seed, compare, as_json):
+    """Generate with the PyTorch reference runtime (CPU) and print the text and acceptance metrics.
+
+    Greedy speculative output is token-identical to plain greedy decoding; with --temperature > 0 the
+    lossless rejection sampler keeps the target's distribution. --compare checks both claims' cost:
+    it runs plain decoding too and prints the wall-clock speedup.
+    """
+    from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
+    from trtspec.runtime.report import metrics_lines
+
+    spec = load_spec_model(target, heads, heads_format, tree, dtype, allow_pickle=allow_pickle)
+    tok = load_tokenizer(spec.target)
+    prompts = [encode_prompt(tok, p, chat) for p in prompt]
+    gen = SpeculativeGenerator(spec)
+    eos = spec.target.arch.eos_token_id
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           seed=seed, eos_token_id=eos)
+    click.echo(spec.describe(), err=True)
+    res = gen.generate(prompts, cfg)
+    for p, toks in zip(prompt, res.tokens):
+        click.echo(f"--- {p}\n{tok.decode(toks, skip_special_tokens=True)}")
+    out = {"speculative": res.metrics.to_dict()}
+    if compare:
+        plain = gen.generate(prompts, GenerationConfig(**{**cfg.__dict__, "speculative": False}))
+        out["plain"] = plain.metrics.to_dict()
+        out["speedup"] = plain.metrics.wall_s / max(res.metrics.wall_s, 1e-9)
+        out["identical"] = plain.tokens == res.tokens
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+        return
+    click.echo("--- metrics")
+    for line in metrics_lines(res.metrics):
+        click.echo(line)
+    if compare:
+        same = "identical" if out["identical"] else ("differs (sampling)" if temperature > 0 else "DIFFERS")
+        click.echo(f"plain: {out['plain']['tokens_per_s']:.1f} tokens/s; speedup {out['speedup']:.2f}x; output {same}")
+
+
+@click.command("make-draft")
+@click.option("--target", "-t", required=True, type=click.Path(path_type=Path), help="HF target directory.")
+@click.option("--layers", required=True, type=int, help="How many of the target's first layers to keep.")
+@click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Output HF directory.")
+def make_draft_cmd(target, layers, out):
+    """Write a draft model made of the target's first N layers (+ embedding, norm, lm_head).
+
+    The untrained baseline drafter: it shares the tokenizer and needs no training.
+    """
+    from trtspec.checkpoint.target import load_hf_causal_lm
+    from trtspec.checkpoint.truncate import write_truncated_draft
+
+    path = write_truncated_draft(load_hf_causal_lm(target), layers, out)
+    click.echo(f"wrote {path}")
+
+
+@click.command("demo")
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
+              help="Where to write the demo models (default: a temporary directory).")
+@click.option("--max-new-tokens", "-n", default=48, show_default=True, type=click.IntRange(1))
+def demo_cmd(out, max_new_tokens):
+    """Build a tiny Llama target and heads of every kind, run each with the reference runtime, print metrics.
+
+    Nothing is downloaded: the models are random but written and loaded exactly like real checkpoints.
+    """
+    from trtspec.demo.run import run_demo
+
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="trtspec-demo-") as tmp:
+            sys.exit(run_demo(Path(tmp), max_new_tokens))
+    sys.exit(run_demo(out, max_new_tokens))
+
+
+COMMANDS = [generate_cmd, demo_cmd, make_draft_cmd]

@@ -1,0 +1,249 @@
+"""Fill the triton_repo/ templates from a SpecModel: the Triton model repository `trtspec build` ends with.
+
+Two runtimes, one contract: `trtllm` (tensorrtllm backend on the built engines, NVIDIA's container) and
+`reference` (python backend running trtspec's reference runtime, CPU or GPU). Model names, tensor names,
+types and parameter keys are TensorRT-LLM's inflight_batcher_llm ones in both, so a client written for
+one works against the other.
+
+The repository is written to a temporary directory next to ``out_dir``, validated against Triton's own
+ModelConfig schema (every placeholder filled, ensemble wiring checked), and only then renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from trtspec.checkpoint.errors import CheckpointError, UsageError
+from trtspec.spec import SpecModel
+from trtspec.triton.validate import PLACEHOLDER, validate_repository
+
+RUNTIMES = ("trtllm", "reference")
+MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
+MANIFEST = "trtspec_repo.json"
+TEMPLATE_DIR = Path(os.environ.get("TRTSPEC_TRITON_TEMPLATES", Path(__file__).resolve().parents[2] / "triton_repo"))
+#: friendlier option names accepted by emit_repository / the CLI
+ALIASES = {"max_batch_size": "triton_max_batch_size", "device": "trtspec_device", "dtype": "trtspec_dtype",
+           "decoupled": "decoupled_mode"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "vocab.txt")
+#: where the tokenizer goes inside the repository (a model's version dir: Triton ignores its contents)
+TOKENIZER_SUBDIR = "preprocessing/1/tokenizer"
+PLUGIN_SUBDIR = "tensorrt_llm/1/plugins"
+#: TensorRT-LLM's Triton decoding_mode for each drafter kind on the engine path
+DECODING_MODE = {"medusa": "medusa", "mtp-linear": "medusa", "eagle": "eagle", "mtp-single": "eagle",
+                 "draft-model": None, "eagle3": None}
+
+DEFAULTS: dict[str, Any] = {
+    "triton_max_batch_size": 8,
+    "max_queue_delay_microseconds": 0,
+    "max_queue_size": 0,
+    "decoupled_mode": True,
+    "logits_datatype": "TYPE_FP32",
+    "preprocessing_instance_count": 1,
+    "postprocessing_instance_count": 1,
+    "bls_instance_count": 1,
+    "add_special_tokens": True,
+    "skip_special_tokens": True,
+    "accumulate_tokens": True,
+    "tensorrt_llm_model_name": "tensorrt_llm",
+    "tensorrt_llm_draft_model_name": None,
+    "max_beam_width": 1,
+    "batching_strategy": "inflight_fused_batching",
+    "batch_scheduler_policy": "guaranteed_no_evict",
+    "kv_cache_free_gpu_mem_fraction": 0.9,
+    "max_tokens_in_paged_kv_cache": None,
+    "max_attention_window_size": None,
+    "enable_kv_cache_reuse": False,
+    "enable_chunked_context": False,
+    "exclude_input_in_output": True,
+    "gpu_device_ids": None,
+    "executor_worker_path": "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
+    "trtspec_device": "auto",
+    "speculative": True,
+    "max_seq_len": None,
+}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def fill_template(text: str, values: dict[str, Any], path: str | Path = "config.pbtxt") -> str:
+    """Substitute ``${name}``; a ``parameters`` line whose value is None is dropped (unset, not "").
+
+    Every placeholder must have a key in ``values`` (None counts): a template key nobody fills is a bug
+    here, not something to ship to the server.
+    """
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        names = PLACEHOLDER.findall(line.split("#", 1)[0])
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise UsageError(f"{path}:{lineno}: no value for placeholder(s) {', '.join(missing)}")
+        if any(values[n] is None for n in names):
+            if line.lstrip().startswith("parameters"):
+                continue
+            raise UsageError(f"{path}:{lineno}: placeholder(s) {', '.join(n for n in names if values[n] is None)} "
+                             f"must have a value")
+        out.append(PLACEHOLDER.sub(lambda m: _fmt(values[m.group(1)]), line))
+    return "\n".join(out) + "\n"
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def speculative_values(spec: SpecModel, runtime: str) -> dict[str, Any]:
+    """decoding_mode, medusa_choices / eagle_choices and max_draft_len from the spec's drafter and tree."""
+    from trtspec.runtime.tree import format_choices_json, format_choices_trtllm
+
+    d = spec.drafter
+    vals: dict[str, Any] = {"decoding_mode": None, "medusa_choices": None, "eagle_choices": None,
+                            "max_draft_len": None, "trtspec_drafter_kind": None, "trtspec_tree_choices": None}
+    if d is None or not spec.tree.choices:
+        return vals
+    if runtime == "trtllm" and d.kind == "eagle3":
+        raise UsageError("EAGLE-3 heads run only on TensorRT-LLM's PyTorch backend, not on engines",
+                         fix="emit --runtime reference, or serve EAGLE-3 with trtllm-serve")
+    mode = DECODING_MODE.get(d.kind)
+    vals.update(decoding_mode=mode, trtspec_drafter_kind=d.kind,
+                trtspec_tree_choices=format_choices_json(spec.tree.choices),
+                max_draft_len=spec.tree.depth if d.kind == "draft-model" else spec.tree.num_nodes)
+    if mode == "medusa":
+        vals["medusa_choices"] = format_choices_trtllm(spec.tree.choices)
+    elif mode == "eagle":
+        vals["eagle_choices"] = format_choices_trtllm(spec.tree.choices)
+    return vals
+
+
+def template_values(spec: SpecModel, runtime: str, engine_dir: Path | None, plugin_rel: str | None,
+                    options: dict[str, Any]) -> dict[str, Any]:
+    options = {ALIASES.get(k, k): v for k, v in options.items()}
+    unknown = set(options) - set(DEFAULTS) - {"trtspec_dtype"}
+    if unknown:
+        raise UsageError(f"unknown Triton option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(DEFAULTS))}")
+    o = {**DEFAULTS, **options}
+    if int(o["triton_max_batch_size"]) < 1:
+        raise UsageError("triton_max_batch_size must be >= 1")
+    max_seq_len = o.pop("max_seq_len") or spec.target.arch.max_position_embeddings
+    speculative = o.pop("speculative")
+    v = dict(o)
+    v.update(speculative_values(spec, runtime))
+    v.update(triton_backend="tensorrtllm" if runtime == "trtllm" else "python", max_seq_len=max_seq_len,
+             tokenizer_dir=TOKENIZER_SUBDIR, trtspec_runtime=runtime, trtspec_plugin_library=plugin_rel,
+             engine_dir=str(engine_dir) if engine_dir is not None else None)
+    if runtime == "reference":
+        v.update(trtspec_target_dir=str(Path(spec.target.path).resolve()),
+                 trtspec_heads_dir=str(Path(spec.drafter.path).resolve()) if spec.drafter else None,
+                 trtspec_dtype=o.get("trtspec_dtype") or _dtype_name(spec.dtype),
+                 trtspec_speculative=bool(speculative), engine_dir=None, executor_worker_path=None,
+                 kv_cache_free_gpu_mem_fraction=None, batching_strategy=None, batch_scheduler_policy=None)
+        if not v["decoupled_mode"]:
+            raise UsageError("the reference runtime's tensorrt_llm model is always decoupled (streaming)")
+    else:
+        v.update(trtspec_target_dir=None, trtspec_heads_dir=None, trtspec_dtype=None, trtspec_device=None,
+                 trtspec_speculative=None)
+    v.pop("speculative", None)
+    return v
+
+
+def _copy_tokenizer(spec: SpecModel, dest: Path) -> None:
+    src = spec.target.tokenizer_path
+    if src is None:
+        raise CheckpointError("the target has no tokenizer files; the Triton repository needs one to turn "
+                              "text into tokens", spec.target.path, "copy tokenizer.json (+ tokenizer_config.json) "
+                              "into the target directory")
+    src = Path(src)
+    src_dir = src if src.is_dir() else src.parent
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for name in TOKENIZER_FILES:
+        if (src_dir / name).is_file():
+            shutil.copy2(src_dir / name, dest / name)
+            copied += 1
+    if not copied:
+        raise CheckpointError("no tokenizer files found", src_dir,
+                              f"expected one of {', '.join(TOKENIZER_FILES[:4])}")
+
+
+def _is_trtspec_repo(path: Path) -> bool:
+    return (path / MANIFEST).is_file()
+
+
+def emit_repository(spec: SpecModel, runtime: str, out_dir: Path, engine_dir: Path | None = None,
+                    plugin_library: Path | None = None, options: dict | None = None) -> Path:
+    """Write the Triton model repository for ``spec`` to ``out_dir`` (atomically); returns ``out_dir``.
+
+    ``runtime`` is ``trtllm`` (needs ``engine_dir``, the engines' path as the server will see it; a
+    ``plugin_library`` is copied in and preloaded by the server) or ``reference``. ``options`` overrides
+    template values (see DEFAULTS), e.g. ``{"triton_max_batch_size": 16, "speculative": False}``.
+    """
+    if runtime not in RUNTIMES:
+        raise UsageError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()) and not _is_trtspec_repo(out_dir):
+        raise UsageError(f"{out_dir} exists and is not a trtspec model repository; refusing to replace it",
+                         fix="choose another --out or remove the directory")
+    if runtime == "trtllm" and engine_dir is None:
+        raise UsageError("the trtllm runtime needs the engine directory (--engine-dir)",
+                         fix="pass the directory trtspec build wrote the engines to")
+    if runtime == "reference" and plugin_library is not None:
+        raise UsageError("a plugin library only applies to the trtllm runtime")
+    if plugin_library is not None and not Path(plugin_library).is_file():
+        raise CheckpointError("plugin library not found", plugin_library, "build it with `trtspec plugins build`")
+    plugin_rel = f"{PLUGIN_SUBDIR}/{Path(plugin_library).name}" if plugin_library is not None else None
+    values = template_values(spec, runtime, engine_dir, plugin_rel, dict(options or {}))
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        for model in MODELS:
+            src, dst = TEMPLATE_DIR / model, tmp / model
+            (dst / "1").mkdir(parents=True)
+            text = (src / "config.pbtxt").read_text()
+            (dst / "config.pbtxt").write_text(fill_template(text, values, src / "config.pbtxt"))
+            model_py = src / "1" / "model.py"
+            # the engine path's tensorrt_llm is the C++ backend: no model.py (it would only confuse)
+            if model_py.is_file() and not (model == "tensorrt_llm" and runtime == "trtllm"):
+                shutil.copy2(model_py, dst / "1" / "model.py")
+        _copy_tokenizer(spec, tmp / TOKENIZER_SUBDIR)
+        if plugin_library is not None:
+            (tmp / PLUGIN_SUBDIR).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(plugin_library, tmp / plugin_rel)
+        validate_repository(tmp)
+        manifest = {"format": 1, "runtime": runtime, "models": list(MODELS), "spec": spec.describe(),
+                    "drafter_kind": values["trtspec_drafter_kind"], "decoding_mode": values["decoding_mode"],
+                    "tree_choices": json.loads(values["trtspec_tree_choices"] or "[]"),
+                    "max_draft_len": values["max_draft_len"], "speculative": values.get("trtspec_speculative"),
+                    "engine_dir": values["engine_dir"], "plugin_library": plugin_rel,
+                    "max_batch_size": values["triton_max_batch_size"], "max_seq_len": values["max_seq_len"]}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        old = None
+        if out_dir.exists():
+            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def read_manifest(repo: Path) -> dict:
+    f = Path(repo) / MANIFEST
+    if not f.is_file():
+        return {}
+    try:
+        return json.loads(f.read_text())
+    except json.JSONDecodeError:
+        raise CheckpointError("not valid JSON", f) from None
