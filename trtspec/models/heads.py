@@ -56,9 +56,18 @@ class LinearHeads(nn.Module):
 
 
 class _RecurrentHead(nn.Module):
-    """Shared machinery of the one-layer autoregressive drafters: rotary, its own KV cache."""
+    """Shared machinery of the one-layer autoregressive drafters: rotary, its own KV cache.
+
+    ``features`` runs the layer (writing the drafter's KV cache) and returns the output that is fed
+    back; ``head_logits`` turns outputs into logits. They are separate so the runtime pays for the
+    vocabulary projection only at the positions it expands; ``forward`` does both."""
 
     arch: LlamaArch
+
+    def forward(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                new_mask: torch.Tensor, lm_head: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.features(emb, h, positions, cache, new_mask)
+        return out, self.head_logits(out, lm_head)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         p = next(self.parameters())
@@ -88,14 +97,16 @@ class MtpSingleHead(_RecurrentHead):
         self.norm = RMSNorm(H, eps) if has_rmsnorm else None
         self.rotary = Rotary(arch)
 
-    def forward(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                new_mask: torch.Tensor, lm_head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def features(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                 new_mask: torch.Tensor) -> torch.Tensor:
         e = self.enorm(emb) if self.enorm is not None else emb
         hh = self.hnorm(h) if self.hnorm is not None else h
         x = self.eh_proj(torch.cat([e, hh], dim=-1))
-        out = self.run_layer(x, positions, cache, new_mask)
+        return self.run_layer(x, positions, cache, new_mask)
+
+    def head_logits(self, out: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
         z = self.norm(out) if self.norm is not None else out
-        return out, F.linear(z, lm_head).float()
+        return F.linear(z, lm_head).float()
 
 
 class EagleHead(_RecurrentHead):
@@ -109,11 +120,12 @@ class EagleHead(_RecurrentHead):
         self.layer = DecoderLayer(arch, has_input_norm=False)
         self.rotary = Rotary(arch)
 
-    def forward(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                new_mask: torch.Tensor, lm_head: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.fc(torch.cat([emb, h], dim=-1))
-        out = self.run_layer(x, positions, cache, new_mask)
-        return out, F.linear(out, lm_head).float()
+    def features(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                 new_mask: torch.Tensor) -> torch.Tensor:
+        return self.run_layer(self.fc(torch.cat([emb, h], dim=-1)), positions, cache, new_mask)
+
+    def head_logits(self, out: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
+        return F.linear(out, lm_head).float()
 
 
 class Eagle3Head(_RecurrentHead):
@@ -133,12 +145,15 @@ class Eagle3Head(_RecurrentHead):
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
         self.rotary = Rotary(arch)
 
-    def forward(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                new_mask: torch.Tensor, lm_head: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def features(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                 new_mask: torch.Tensor) -> torch.Tensor:
         g = self.fc(h) if h.shape[-1] != self.arch.hidden_size else h
         u = torch.cat([self.layer.input_layernorm(emb), self.layer.hidden_norm(g)], dim=-1)
-        out = self.run_layer(g, positions, cache, new_mask, attn_input=u)
-        return out, self.lm_head(self.norm(out)).float()
+        return self.run_layer(g, positions, cache, new_mask, attn_input=u)
+
+    def head_logits(self, out: torch.Tensor, lm_head: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft-vocab logits (map ids with to_target_ids); the target lm_head is not used."""
+        return self.lm_head(self.norm(out)).float()
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

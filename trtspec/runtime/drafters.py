@@ -111,15 +111,20 @@ class RecurrentDrafter(Drafter):
         self.last_logits: torch.Tensor | None = None
 
     def _step(self, tokens: torch.Tensor, features: torch.Tensor | None, new_mask: torch.Tensor,
-              depth_offset: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+              depth_offset: torch.Tensor | None = None) -> torch.Tensor:
+        """Run the drafter on new tokens (not committed); returns its outputs [B, T, H]."""
         T = tokens.shape[1]
         positions = self.cache.lengths[:, None] + (depth_offset[None, :] if depth_offset is not None
                                                    else torch.arange(T)[None, :])
         if self.is_draft_model:
             hidden, _ = self.module(tokens, positions, self.cache, new_mask)
-            return None, self.module.logits(hidden)
-        emb = self.embed(tokens)
-        return self.module(emb, features, positions, self.cache, new_mask, self.lm_head)
+            return hidden
+        return self.module.features(self.embed(tokens), features, positions, self.cache, new_mask)
+
+    def _logits(self, out: torch.Tensor) -> torch.Tensor:
+        if self.is_draft_model:
+            return self.module.logits(out)
+        return self.module.head_logits(out, self.lm_head)
 
     @torch.no_grad()
     def observe(self, hidden, aux, tokens_in, tokens_next) -> None:
@@ -137,13 +142,12 @@ class RecurrentDrafter(Drafter):
             feats, _ = _pad(list(src))
         toks, valid = _pad(rows)
         mask = causal_mask(toks.shape[1]) & valid[:, None, :]
-        out, logits = self._step(toks, feats, mask)
+        out = self._step(toks, feats, mask)
         counts = valid.sum(1)
         self.cache.commit([torch.arange(int(c)) for c in counts])
-        last = counts - 1
-        bidx = torch.arange(B)
-        self.last_logits = logits[bidx, last]
-        self.last_out = out[bidx, last] if out is not None else None
+        last_out = out[torch.arange(B), counts - 1]
+        self.last_logits = self._logits(last_out)
+        self.last_out = None if self.is_draft_model else last_out
         self.target_len += torch.tensor([t.shape[0] for t in tokens_in])
 
     @torch.no_grad()
@@ -163,11 +167,13 @@ class RecurrentDrafter(Drafter):
             nodes = torch.arange(1, M + 1)
             parent_feats = feats[:, tree.parents[nodes]] if feats is not None else None
             mask = tree.mask[1:M + 1, 1:M + 1][None]
-            out, logits = self._step(tokens[:, nodes], parent_feats, mask, depth_offset=tree.depths[nodes] - 1)
+            out = self._step(tokens[:, nodes], parent_feats, mask, depth_offset=tree.depths[nodes] - 1)
             if feats is not None:
                 feats[:, 1:M + 1] = out
+            expand = [n for n in tree.nodes_at_depth(d - 1) if tree.children(n)]
+            logits = self._logits(out[:, torch.tensor(expand) - 1])
             full = logits.new_full((B, N1, logits.shape[-1]), float("-inf"))
-            full[:, 1:M + 1] = logits
+            full[:, expand] = logits
             _fill_depth(tokens, tree, d, full, self.id_map)
         return tokens
 
