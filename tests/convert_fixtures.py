@@ -14,11 +14,12 @@ from safetensors.torch import save_file
 from trtspec.checkpoint.heads.mtp import save_mtp
 from trtspec.checkpoint.load import load_spec_model
 from trtspec.demo.tiny import make_tiny_llama
+from trtspec.demo.tokenizer import write_char_tokenizer
 from trtspec.spec import DrafterSpec, SpecModel
 
-#: Odd vocab (97) so that lm_head / embedding padding to a multiple of tp is exercised; 2 KV heads so
+#: Odd vocab (101) so that lm_head / embedding padding to a multiple of tp is exercised; 2 KV heads so
 #: that tp=4 exercises KV-head replication.
-TARGET = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+TARGET = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2)
 KINDS = ("none", "medusa", "medusa-own-lm-head", "mtp-linear", "mtp-single", "eagle", "draft-model")
 
@@ -29,7 +30,9 @@ def _rand(*shape, seed=0):
 
 
 def make_target(root: Path, **overrides) -> Path:
-    return make_tiny_llama(root / "target", **{**TARGET, **overrides})
+    d = make_tiny_llama(root / "target", **{**TARGET, **overrides})
+    write_char_tokenizer(d, overrides.get("vocab_size", TARGET["vocab_size"]))  # the Triton repository needs one
+    return d
 
 
 def make_medusa(root: Path, K: int = 3, own_lm_head: bool = False) -> Path:

@@ -114,11 +114,11 @@ def test_layout_matches_tensorrt_llm(root):
                            T.load("model.layers.1.mlp.down_proj.weight")[:, r * I4:(r + 1) * I4])
         assert torch.equal(ranks[r]["transformer.layers.1.attention.dense.weight"],
                            T.load("model.layers.1.self_attn.o_proj.weight")[:, r * d:(r + 1) * d])
-    # vocab 97 -> padded to 100, 25 rows per rank; the 3 padding rows (last rank) are zero
+    # vocab 101 -> padded to 104, 26 rows per rank; the 3 padding rows (last rank) are zero
     lm = torch.cat([ranks[r]["lm_head.weight"] for r in range(4)])
-    assert lm.shape == (100, 64) and torch.equal(lm[:97], T.load("lm_head.weight")) and not lm[97:].any()
+    assert lm.shape == (104, 64) and torch.equal(lm[:101], T.load("lm_head.weight")) and not lm[101:].any()
     emb = torch.cat([ranks[r]["transformer.vocab_embedding.weight"] for r in range(4)])
-    assert emb.shape == (100, 64) and torch.equal(emb[:97], T.load("model.embed_tokens.weight"))
+    assert emb.shape == (104, 64) and torch.equal(emb[:101], T.load("model.embed_tokens.weight"))
     # heads without their own lm_head share the target's (TensorRT-LLM Medusa heads each have one)
     assert torch.equal(ranks[1]["medusa_heads.2.lm_head.weight"], ranks[1]["lm_head.weight"])
 
@@ -128,7 +128,7 @@ def test_embedding_sharding_dim_1_and_replicated(root):
     out1 = root / "emb-dim1"
     convert(spec, out1, ConvertOptions(tp_size=2, embedding_sharding_dim=1))
     r = read_ranks(out1, 2)
-    assert r[0]["transformer.vocab_embedding.weight"].shape == (97, 32)
+    assert r[0]["transformer.vocab_embedding.weight"].shape == (101, 32)
     out2 = root / "emb-repl"
     convert(spec, out2, ConvertOptions(tp_size=2, use_parallel_embedding=False))
     r = read_ranks(out2, 2)

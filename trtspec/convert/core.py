@@ -74,7 +74,13 @@ class ConvertResult:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set (Linux reports KiB)."""
+    """This process's peak resident set. Linux: VmHWM (ru_maxrss would carry a parent's peak across exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
@@ -157,19 +163,28 @@ def planned_totals(plans: list[CheckpointPlan]) -> tuple[int, int]:
     return n, b
 
 
+def convert_into(spec: SpecModel, directory: Path, opts: ConvertOptions,
+                 on_tensor: ProgressFn | None = None) -> ConvertResult:
+    """Write the checkpoint(s) into an existing (temporary) directory; the caller renames it."""
+    mode, plans = plan_conversion(spec, opts)
+    result = ConvertResult(Path(directory), mode.kind, mode, plans)
+    t0 = time.perf_counter()
+    for plan in plans:
+        _write_checkpoint(plan, directory / plan.subdir if plan.subdir else directory, spec, mode, on_tensor, result)
+    result.seconds = time.perf_counter() - t0
+    result.peak_rss_bytes = peak_rss_bytes()
+    return result
+
+
 def convert(spec: SpecModel, out: str | Path, opts: ConvertOptions | None = None, overwrite: bool = False,
             on_tensor: ProgressFn | None = None) -> ConvertResult:
     """Write the TensorRT-LLM checkpoint(s) for ``spec`` to ``out`` (atomically)."""
     opts = opts or ConvertOptions(tp_size=spec.parallel.tp_size, pp_size=spec.parallel.pp_size)
     out = Path(out)
-    mode, plans = plan_conversion(spec, opts)
-    result = ConvertResult(out, mode.kind, mode, plans)
-    t0 = time.perf_counter()
+    plan_conversion(spec, opts)  # refuse bad options before a temporary directory exists
     with atomic_directory(out, overwrite=overwrite) as tmp:
-        for plan in plans:
-            _write_checkpoint(plan, tmp / plan.subdir if plan.subdir else tmp, spec, mode, on_tensor, result)
-    result.seconds = time.perf_counter() - t0
-    result.peak_rss_bytes = peak_rss_bytes()
+        result = convert_into(spec, tmp, opts, on_tensor)
+    result.out = out
     return result
 
 

@@ -15,9 +15,11 @@ Mapping decisions (ARCHITECTURE.md):
 - eagle       -> EagleForCausalLM with eagle_net_config, mode ``eagle``; one drafter copy per tree level.
 - mtp-single  -> EagleForCausalLM layout (the MTP module is "fc(cat[emb, hidden]) -> one decoder layer ->
                  shared lm_head", i.e. EAGLE-shaped): ``fc`` <- eh_proj (zero bias), plus the tensors EAGLE
-                 lacks -- ``drafter.enorm.weight``, ``drafter.hnorm.weight``, ``drafter.layers.0.input_layernorm``
-                 and ``drafter.ln_f.weight`` (the shared head's norm). Mode ``eagle`` with trtspec's model class
-                 ``TrtspecMtpSingleForCausalLM`` (plugin library loaded); the stock class cannot use them.
+                 lacks -- ``eagle_nets.{i}.enorm.weight`` / ``hnorm.weight`` (RMSNorm of the embedding / the
+                 hidden state before the concat), ``drafter.layers.0.input_layernorm.weight`` and
+                 ``eagle_nets.{i}.final_norm.weight`` (the shared head's norm; the pre-norm state is fed back).
+                 Mode ``eagle`` with trtspec's model class ``TrtspecMtpSingleForCausalLM`` (TensorRT-LLM's own
+                 RmsNorm layers; no trtspec plugin needed); the stock class cannot use them.
 - draft-model -> two checkpoints, ``target/`` (LlamaForCausalLM, built with draft_tokens_external) and
                  ``draft/`` (LlamaForCausalLM, a plain engine).
 - eagle3      -> refused: the TensorRT engine backend has no EAGLE-3 mode.
@@ -121,24 +123,22 @@ class ExportMode:
         """The target's jobs; extra names get the same shard (heads that share the lm_head / embedding)."""
         out = N.JobList(mapping, self.dtype(spec, opts))
         t = spec.target
-        emb_rule = embedding_rule(opts.parallel_embedding(), opts.embedding_sharding_dim)
-        out.add([Source(t.tensors, "model.embed_tokens.weight")], emb_rule,
-                out.on_stage(0, ("transformer.vocab_embedding.weight", *embedding_names)), "target")
-        for pp in range(mapping.pp_size):
-            for local, layer in enumerate(mapping.pp_layers(t.arch.num_hidden_layers, pp)):
-                N.decoder_layer_jobs(out, t.tensors, t.arch, f"model.layers.{layer}.",
-                                     (f"transformer.layers.{local}.",), lambda n, pp=pp: out.on_stage(pp, n), "target")
-        last = mapping.pp_size - 1
-        out.add([Source(t.tensors, "model.norm.weight")], REPLICATE, out.on_stage(last, "transformer.ln_f.weight"),
-                "target")
-        out.add([Source(t.tensors, t.lm_head_name)], LM_HEAD, out.on_stage(last, ("lm_head.weight", *lm_head_names)),
-                "target")
+        N.llama_jobs(out, t.tensors, t.arch, t.lm_head_name,
+                     embedding_rule(opts.parallel_embedding(), opts.embedding_sharding_dim), "target",
+                     lm_head_names, embedding_names)
         return out
 
     def draft_len(self, spec: SpecModel, opts: ConvertOptions) -> int:
         n = opts.max_draft_len if opts.max_draft_len is not None else spec.tree.num_nodes
         if n < 1:
             raise UsageError("max_draft_len must be >= 1 (the tree has no nodes; pass --tree or max_draft_len)")
+        return int(n)
+
+    def chain_len(self, spec: SpecModel, opts: ConvertOptions) -> int:
+        """Draft tokens per step of an autoregressive drafter (a chain): the tree's depth."""
+        n = opts.max_draft_len if opts.max_draft_len is not None else spec.tree.depth
+        if n < 1:
+            raise UsageError("max_draft_len must be >= 1 (pass --tree chain:N or max_draft_len)")
         return int(n)
 
     # The one method each mode implements ----------------------------------------------------------
@@ -274,7 +274,7 @@ class Eagle(ExportMode):
 class MtpSingle(Eagle):
     def __init__(self):
         super().__init__("mtp-single")
-        self.needs_plugin = True
+        self.needs_plugin = False  # its extra norms are TensorRT-LLM RmsNorm layers inside trtspec's model class
         self.model_cls = "TrtspecMtpSingleForCausalLM"
 
     def fc_sources(self, spec):
@@ -286,8 +286,8 @@ class MtpSingle(Eagle):
 
     def extra_drafter_jobs(self, spec, out, prefixes):
         d = spec.drafter
-        for src, dst in (("enorm.weight", "drafter.enorm.weight"), ("hnorm.weight", "drafter.hnorm.weight"),
-                         ("norm.weight", "drafter.ln_f.weight")):
+        for src, dst in (("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
+                         ("norm.weight", "final_norm.weight")):
             if src in d.tensors:
                 out.add([Source(d.tensors, src)], REPLICATE, out.on_all(tuple(f"{p}{dst}" for p in prefixes)),
                         "heads")
@@ -305,7 +305,7 @@ class DraftModel(ExportMode):
         m = self.mapping(opts)
         tgt_arch = HF_ARCH_NAMES[spec.target.arch.model_type]
         target = CheckpointPlan("target", "target", self.target_config(spec, opts, m, tgt_arch),
-                                self.target_jobs(spec, opts, m), "draft_tokens_external", self.draft_len(spec, opts))
+                                self.target_jobs(spec, opts, m), "draft_tokens_external", self.chain_len(spec, opts))
         dm = N.Mapping(opts.draft_tp_size or opts.tp_size, 1)
         dt = self.dtype(spec, opts)
         jobs = N.JobList(dm, dt)

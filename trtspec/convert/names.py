@@ -136,18 +136,23 @@ def decoder_layer_jobs(out: JobList, store: TensorStore, arch: LlamaArch, src_pr
 
 
 def llama_jobs(out: JobList, store: TensorStore, arch: LlamaArch, lm_head: str, embedding_rule: Rule,
-               group: str = "target") -> None:
-    """A whole Llama-family causal LM (target, or a separate draft model) under TensorRT-LLM names."""
+               group: str = "target", lm_head_names: tuple[str, ...] = (),
+               embedding_names: tuple[str, ...] = ()) -> None:
+    """A whole Llama-family causal LM (target, or a separate draft model) under TensorRT-LLM names.
+
+    ``lm_head_names`` / ``embedding_names``: more names that get the same shard (Medusa heads and EAGLE
+    nets carry copies of the target's lm_head / embedding), so the big tensor is read once.
+    """
     m = out.mapping
-    emb = Source(store, "model.embed_tokens.weight")
-    out.add([emb], embedding_rule, out.on_stage(0, "transformer.vocab_embedding.weight"), group)
+    out.add([Source(store, "model.embed_tokens.weight")], embedding_rule,
+            out.on_stage(0, ("transformer.vocab_embedding.weight", *embedding_names)), group)
     for pp in range(m.pp_size):
         for local, layer in enumerate(m.pp_layers(arch.num_hidden_layers, pp)):
             decoder_layer_jobs(out, store, arch, f"model.layers.{layer}.", (f"transformer.layers.{local}.",),
                                lambda names, pp=pp: out.on_stage(pp, names), group)
     last = m.pp_size - 1
     out.add([Source(store, "model.norm.weight")], REPLICATE, out.on_stage(last, "transformer.ln_f.weight"), group)
-    out.add([Source(store, lm_head)], LM_HEAD, out.on_stage(last, "lm_head.weight"), group)
+    out.add([Source(store, lm_head)], LM_HEAD, out.on_stage(last, ("lm_head.weight", *lm_head_names)), group)
 
 
 # Head names ------------------------------------------------------------------------------------

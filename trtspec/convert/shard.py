@@ -45,7 +45,9 @@ class Source:
         return self.store[self.name].nbytes
 
     def load(self) -> torch.Tensor:
-        return self.store.load(self.name)
+        from trtspec.convert.reader import load
+
+        return load(self.store, self.name)
 
     def describe(self) -> str:
         return self.name
