@@ -37,6 +37,20 @@ def run_kinds(paths: dict[str, Path], max_new_tokens: int) -> tuple[list[list[ob
     return rows, all_same
 
 
+def run_build_step(paths: dict[str, Path], out: Path) -> int:
+    """The main job on the demo: `trtspec build` (checkpoint, plan, build script, Triton repository)."""
+    from trtspec.cli import main
+
+    args = ["build", "--target", str(paths["target"]), "--heads", str(paths["medusa"]), "--config", "demo",
+            "--out", str(out), "--allow-no-gpu", "--overwrite", "--no-progress"]
+    click.echo("\n$ trtspec " + " ".join(args))
+    try:
+        main.main(args, standalone_mode=False)
+    except SystemExit as exc:  # click's ctx.exit for user errors
+        return int(exc.code or 0)
+    return 0
+
+
 def run_demo(out: Path, max_new_tokens: int) -> int:
     click.echo(f"building the tiny demo target and heads of every kind in {out}")
     paths = build_demo(out)
@@ -45,4 +59,5 @@ def run_demo(out: Path, max_new_tokens: int) -> int:
                       "speedup"], rows))
     click.echo("greedy speculative output is token-identical to plain greedy for every kind" if same
                else "MISMATCH: speculative output differs from plain greedy")
-    return 0 if same else 1
+    code = run_build_step(paths, out / "build-medusa")
+    return code if same else 1
