@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -54,17 +52,11 @@ def main() -> int:
     config = AutoConfig.for_model(**fields)
     fresh = AutoModelForCausalLM.from_config(config)
     fresh.load_state_dict(loaded.state_dict())
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2.", dir=out.parent))
-    try:
+    from trtspec.fsutil import atomic_directory
+
+    with atomic_directory(out, overwrite=True) as tmp:
         fresh.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     print(f"{out}: SmolLM2-135M-Instruct prepared in {time.time() - t0:.1f}s")
     return 0
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 from safetensors.torch import save_file
 
 from trtspec.checkpoint.errors import UsageError
+from trtspec.fsutil import atomic_directory
 from trtspec.spec import TargetSpec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
@@ -24,9 +24,7 @@ def write_truncated_draft(target: TargetSpec, num_layers: int, out: str | Path) 
     if not 1 <= num_layers < L:
         raise UsageError(f"--layers must be between 1 and {L - 1} for a {L}-layer target")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out, overwrite=True) as tmp:
         keep = {}
         for name in target.tensors:
             if name.startswith("model.layers."):
@@ -43,10 +41,4 @@ def write_truncated_draft(target: TargetSpec, num_layers: int, out: str | Path) 
         for f in TOKENIZER_FILES:
             if (target.path / f).exists():
                 shutil.copy2(target.path / f, tmp / f)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -10,17 +10,14 @@ header order, checking each against what the header promised.
 from __future__ import annotations
 
 import json
-import shutil
 import struct
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import torch
 
+from trtspec.fsutil import atomic_directory  # noqa: F401  (re-exported)
 from trtspec.checkpoint.errors import CheckpointError
 
 #: torch dtype -> (safetensors dtype string, bytes per element)
@@ -121,27 +118,3 @@ class StreamingSafetensorsWriter:
             self._fh = None
 
 
-@contextmanager
-def atomic_directory(out: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory next to ``out``; rename it to ``out`` only if the block succeeds.
-
-    Why next to ``out``: a rename is atomic only within one file system. On any exception (including
-    KeyboardInterrupt) the temporary directory is removed, so nothing half-written is ever left.
-    """
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise CheckpointError("output directory already exists", out, "pass --overwrite or choose another --out")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield tmp
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{tmp.name.rsplit('-', 1)[-1]}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

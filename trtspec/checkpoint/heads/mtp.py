@@ -88,13 +88,9 @@ def load_mtp(path: Path, target: TargetSpec, allow_pickle: bool = False, ignore_
 
 def save_mtp(out: Path, kind: str, tensors: dict, target: TargetSpec, **meta_fields: Any) -> Path:
     """Write heads in this format (used by the trainer and the demo); atomic via a temp dir."""
-    import shutil
-    import tempfile
+    from trtspec.fsutil import atomic_directory
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(Path(out), overwrite=True) as tmp:
         meta = {"format": "trtspec-heads", "version": 1, "kind": kind,
                 "hidden_size": target.arch.hidden_size, "vocab_size": target.arch.vocab_size,
                 **meta_fields,
@@ -102,10 +98,4 @@ def save_mtp(out: Path, kind: str, tensors: dict, target: TargetSpec, **meta_fie
                            "path": str(target.path)}}
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out)
