@@ -61,9 +61,14 @@ class HttpClient:
     # generate ----------------------------------------------------------------------------------
     def _post(self, path: str, body: dict) -> http.client.HTTPResponse:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
-        conn.request("POST", f"/v2/models/{self.model}/{path}", body=json.dumps(body),
-                     headers={"Content-Type": "application/json"})
-        return conn.getresponse()
+        try:
+            conn.request("POST", f"/v2/models/{self.model}/{path}", body=json.dumps(body),
+                         headers={"Content-Type": "application/json", "Connection": "close"})
+            return conn.getresponse()
+        except OSError as exc:
+            conn.close()
+            raise ServerError(f"cannot reach a Triton server at {self.host}:{self.port} ({exc})",
+                              fix="start one with `trtspec serve REPO` or pass --url") from None
 
     @staticmethod
     def _error(status: int, raw: str) -> ServerError:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,7 +28,8 @@ MANIFEST = "trtspec_repo.json"
 TEMPLATE_DIR = Path(os.environ.get("TRTSPEC_TRITON_TEMPLATES", Path(__file__).resolve().parents[2] / "triton_repo"))
 #: friendlier option names accepted by emit_repository / the CLI
 ALIASES = {"max_batch_size": "triton_max_batch_size", "device": "trtspec_device", "dtype": "trtspec_dtype",
-           "decoupled": "decoupled_mode"}
+           "decoupled": "decoupled_mode", "torch_threads": "trtspec_torch_threads",
+           "batch_window_ms": "trtspec_batch_window_ms"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "vocab.txt")
 #: where the tokenizer goes inside the repository (a model's version dir: Triton ignores its contents)
@@ -65,8 +65,13 @@ DEFAULTS: dict[str, Any] = {
     "gpu_device_ids": None,
     "executor_worker_path": "/opt/tritonserver/backends/tensorrtllm/trtllmExecutorWorker",
     "trtspec_device": "auto",
+    "trtspec_torch_threads": None,  # reference: torch intra-op threads (None = torch's default)
+    "trtspec_batch_window_ms": 20,  # reference: wait this long after a request for others to batch with
     "speculative": True,
     "max_seq_len": None,
+    # trtllm: the plugin library's file name when the library itself is not at hand yet (built on the GPU
+    # machine): the server is still told to preload tensorrt_llm/1/plugins/<name>; copy it there before serving
+    "plugin_library_name": None,
 }
 
 
@@ -134,6 +139,7 @@ def template_values(spec: SpecModel, runtime: str, engine_dir: Path | None, plug
     if int(o["triton_max_batch_size"]) < 1:
         raise UsageError("triton_max_batch_size must be >= 1")
     max_seq_len = o.pop("max_seq_len") or spec.target.arch.max_position_embeddings
+    o.pop("plugin_library_name")
     speculative = o.pop("speculative")
     v = dict(o)
     v.update(speculative_values(spec, runtime))
@@ -150,7 +156,7 @@ def template_values(spec: SpecModel, runtime: str, engine_dir: Path | None, plug
             raise UsageError("the reference runtime's tensorrt_llm model is always decoupled (streaming)")
     else:
         v.update(trtspec_target_dir=None, trtspec_heads_dir=None, trtspec_dtype=None, trtspec_device=None,
-                 trtspec_speculative=None)
+                 trtspec_speculative=None, trtspec_torch_threads=None, trtspec_batch_window_ms=None)
     v.pop("speculative", None)
     return v
 
@@ -199,8 +205,13 @@ def emit_repository(spec: SpecModel, runtime: str, out_dir: Path, engine_dir: Pa
         raise UsageError("a plugin library only applies to the trtllm runtime")
     if plugin_library is not None and not Path(plugin_library).is_file():
         raise CheckpointError("plugin library not found", plugin_library, "build it with `trtspec plugins build`")
-    plugin_rel = f"{PLUGIN_SUBDIR}/{Path(plugin_library).name}" if plugin_library is not None else None
-    values = template_values(spec, runtime, engine_dir, plugin_rel, dict(options or {}))
+    options = dict(options or {})
+    expected = options.get("plugin_library_name")
+    if expected and (runtime != "trtllm" or "/" in str(expected)):
+        raise UsageError("plugin_library_name is a bare file name, for the trtllm runtime only")
+    name = Path(plugin_library).name if plugin_library is not None else expected
+    plugin_rel = f"{PLUGIN_SUBDIR}/{name}" if name else None
+    values = template_values(spec, runtime, engine_dir, plugin_rel, options)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
@@ -215,8 +226,9 @@ def emit_repository(spec: SpecModel, runtime: str, out_dir: Path, engine_dir: Pa
             if model_py.is_file() and not (model == "tensorrt_llm" and runtime == "trtllm"):
                 shutil.copy2(model_py, dst / "1" / "model.py")
         _copy_tokenizer(spec, tmp / TOKENIZER_SUBDIR)
-        if plugin_library is not None:
+        if plugin_rel is not None:
             (tmp / PLUGIN_SUBDIR).mkdir(parents=True, exist_ok=True)
+        if plugin_library is not None:
             shutil.copy2(plugin_library, tmp / plugin_rel)
         validate_repository(tmp)
         manifest = {"format": 1, "runtime": runtime, "models": list(MODELS), "spec": spec.describe(),

@@ -124,15 +124,26 @@ class _Live:
 class ReferenceBackend:
     """Owns one SpeculativeGenerator and the worker thread that feeds it."""
 
-    def __init__(self, generator, speculative: bool = True, max_batch_size: int = 8):
+    def __init__(self, generator, speculative: bool = True, max_batch_size: int = 8, start: bool = True,
+                 batch_window_s: float = 0.01):
         self.gen = generator
         self.speculative = speculative
         self.max_batch_size = max(1, int(max_batch_size))
+        # after the first request of a batch, wait this long for more: concurrent clients never arrive in
+        # the same microsecond, and a request that just misses a batch waits for the whole batch to finish
+        self.batch_window_s = max(0.0, float(batch_window_s))
         self.queue: queue.Queue[GenRequest | None] = queue.Queue()
         self._held: list[GenRequest] = []  # drained from the queue but of another batch key
         self._thread = threading.Thread(target=self._loop, name="trtspec-reference", daemon=True)
         self._stopping = False
-        self._thread.start()
+        self.batches_run = 0
+        if start:
+            self._thread.start()
+
+    def start(self) -> None:
+        """Start the worker (deferred starts let a caller queue a whole batch first)."""
+        if not self._thread.is_alive():
+            self._thread.start()
 
     @property
     def spec_nodes(self) -> int:
@@ -149,7 +160,8 @@ class ReferenceBackend:
     def close(self, timeout_s: float = 10.0) -> None:
         self._stopping = True
         self.queue.put(None)
-        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
     # worker -----------------------------------------------------------------------------------
     def _next_batch(self) -> list[GenRequest] | None:
@@ -161,9 +173,11 @@ class ReferenceBackend:
         for r in self._held:
             (batch if r.batch_key() == key and len(batch) < self.max_batch_size else rest).append(r)
         self._held = rest
+        deadline = time.monotonic() + self.batch_window_s
         while len(batch) < self.max_batch_size:
             try:
-                r = self.queue.get_nowait()
+                r = self.queue.get(timeout=max(deadline - time.monotonic(), 0.0)) \
+                    if self.batch_window_s else self.queue.get_nowait()
             except queue.Empty:
                 break
             if r is None:
@@ -196,6 +210,7 @@ class ReferenceBackend:
                                top_k=r0.top_k, top_p=r0.top_p, seed=r0.seed, eos_token_id=r0.end_id,
                                speculative=self.speculative)
         live = [_Live(r, self.spec_nodes) for r in batch]
+        self.batches_run += 1
         first = True
         for chunks in self.gen._run([r.prompt for r in batch], cfg):
             for lv, chunk in zip(live, chunks):

@@ -122,6 +122,9 @@ def find_server(dist_dir: Path | None = None, install: bool = False) -> ServerDi
     ld = [p for p in (pylib, str(libs), env.get("LD_LIBRARY_PATH", "")) if p]
     env["LD_LIBRARY_PATH"] = ":".join(ld)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    # the python stubs run torch: on shared or small machines spin-waiting OpenMP threads cost more than
+    # they save (seen: 10x slower small ops under load)
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return ServerDist(root=dist, binary=dist / "bin" / "tritonserver", backends=dist / "backends",
                       caches=dist / "caches", env=env)
 
@@ -151,6 +154,8 @@ class TritonServer:
     startup_timeout_s: float = 120.0
     install: bool = False
     log_verbose: int = 0
+    #: how long Triton may wait at shutdown for open requests/streams before it unloads anyway
+    exit_timeout_s: int = 5
     proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
@@ -171,7 +176,8 @@ class TritonServer:
                 f"--http-address={LOOPBACK}", f"--http-port={self.http_port}",
                 f"--grpc-address={LOOPBACK}", f"--grpc-port={self.grpc_port}",
                 f"--metrics-address={LOOPBACK}", f"--metrics-port={self.metrics_port}",
-                f"--log-verbose={self.log_verbose}", *self.extra_args]
+                f"--log-verbose={self.log_verbose}", f"--exit-timeout-secs={self.exit_timeout_s}",
+                *self.extra_args]
 
     def start(self) -> "TritonServer":
         repo = Path(self.repo)
@@ -223,8 +229,9 @@ class TritonServer:
     def is_alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout_s: float = 20.0) -> int | None:
-        """SIGINT the group (Triton drains and unloads), then SIGKILL whatever is left after the timeout."""
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGINT the server (it drains and unloads), then SIGKILL the group once the timeout has passed."""
+        timeout_s = self.exit_timeout_s + 5 if timeout_s is None else timeout_s
         proc, self.proc = self.proc, None
         if proc is None:
             return None
@@ -250,6 +257,14 @@ class TritonServer:
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        if pgid is not None:  # SIGKILL is asynchronous: wait until the whole group is really gone
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    os.killpg(pgid, 0)
+                except (ProcessLookupError, PermissionError):
+                    break
+                time.sleep(0.05)
         return proc.returncode
 
     def __enter__(self) -> "TritonServer":

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Serving numbers through the real Triton server (CPU, `reference` runtime) vs the offline runtime.
+
+For one target + drafter, in one run: emit two repositories from the same SpecModel (speculative, and
+plain decoding with the same model code), serve each with `TritonServer` on 127.0.0.1, and run the
+closed-loop load generator (`trtspec client bench`) at each concurrency; then time the offline reference
+runtime on the same prompts, batch 1, to get the overhead of the Triton path.
+
+    python scripts/prepare_smollm2.py
+    python scripts/bench_serving.py [--target .cache/smollm2] [--heads DIR] [--tree chain:4] \
+        [--concurrency 1 8] [--requests 8] [--max-tokens 32] [--protocol grpc] [--json out.json]
+
+Without --heads the drafter is an untrained draft model made of the target's first --draft-layers layers.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared cores: do not spin-wait (before torch loads)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def offline(spec, tok, prompts, max_tokens, speculative) -> dict:
+    """Batch-1 offline generation of every prompt (EOS ignored): mean latency, tokens/s, acceptance length."""
+    from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
+
+    gen = SpeculativeGenerator(spec)
+    cfg = GenerationConfig(max_new_tokens=max_tokens, eos_token_id=None, speculative=speculative)
+    gen.generate([tok.encode(prompts[0])], cfg)  # warm-up
+    lat, toks, acc, steps = [], 0, 0, 0
+    for p in prompts:
+        t0 = time.perf_counter()
+        r = gen.generate([tok.encode(p)], cfg)
+        lat.append(time.perf_counter() - t0)
+        toks += len(r.tokens[0])
+        acc += r.metrics.accepted_draft_tokens
+        steps += r.metrics.sequence_steps
+    return {"e2e_mean_ms": 1e3 * statistics.fmean(lat), "tokens_per_s": toks / sum(lat),
+            "mean_acceptance_length": (acc + steps) / max(steps, 1)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", type=Path, default=REPO / ".cache" / "smollm2")
+    ap.add_argument("--heads", type=Path, default=None)
+    ap.add_argument("--heads-format", default=None)
+    ap.add_argument("--tree", default=None)
+    ap.add_argument("--draft-layers", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--requests", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch threads, offline and in the server alike (0 = torch's default); 1 is the robust "
+                         "choice on a small shared machine")
+    ap.add_argument("--chitchat", action="store_true",
+                    help="prompts = the held-out chitchat conversations bench_acceptance.py evaluates on")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    if not (args.target / "config.json").is_file():
+        sys.exit(f"error: {args.target}: no model (run scripts/prepare_smollm2.py first)")
+
+    from trtspec.checkpoint.load import load_spec_model, load_tokenizer
+    from trtspec.checkpoint.target import load_hf_causal_lm
+    from trtspec.client.bench import DEFAULT_PROMPTS, format_summary, run_bench
+    from trtspec.client.common import GenerateParams
+    from trtspec.triton.emit import emit_repository
+    from trtspec.triton.server import TritonServer
+
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_serving-"))
+    heads, fmt = args.heads, args.heads_format
+    if heads is None:
+        from trtspec.checkpoint.truncate import write_truncated_draft
+
+        heads = write_truncated_draft(load_hf_causal_lm(args.target), args.draft_layers, tmp / "draft")
+        fmt = "draft-model"
+    spec = load_spec_model(args.target, heads, heads_format=fmt, tree=args.tree)
+    tok = load_tokenizer(spec.target)
+    print(f"spec: {spec.describe()}")
+    prompts = list(DEFAULT_PROMPTS)[: args.requests] or list(DEFAULT_PROMPTS)
+    if args.chitchat:
+        from trtspec.train.data import chitchat_samples, encode_prompt, split_holdout
+
+        _, held = split_holdout(chitchat_samples(700, seed=0), 40)
+        prompts = [tok.decode(encode_prompt(tok, s)) for s in held[-args.requests:]]
+        bad = sum(tok.encode(p) != encode_prompt(tok, s) for p, s in zip(prompts, held[-args.requests:]))
+        if bad:
+            print(f"warning: {bad} chat prompts do not re-tokenize to the same ids")
+    params = GenerateParams(max_tokens=args.max_tokens, end_id=-1)  # fixed length: ignore EOS, fair timing
+    off: dict[str, dict] = {}
+    rows = []
+    for label, speculative in (("speculative", True), ("plain", False)):
+        opts = {"speculative": speculative, "device": "cpu"}
+        if args.torch_threads:
+            opts["torch_threads"] = args.torch_threads
+        repo = emit_repository(spec, "reference", tmp / f"repo-{label}", options=opts)
+        t0 = time.perf_counter()
+        with TritonServer(repo, log_path=tmp / f"{label}.log", startup_timeout_s=600) as srv:
+            print(f"[{label}] server ready in {time.perf_counter() - t0:.1f} s")
+            # the offline reference runtime on the same prompts, batch 1, EOS ignored like the served runs;
+            # measured now, while the idle server only holds memory, so that both see the same machine load
+            off[label] = offline(spec, tok, prompts, args.max_tokens, speculative)
+            url = srv.grpc_url if args.protocol == "grpc" else srv.http_url
+            for i, c in enumerate(args.concurrency):
+                res = run_bench(url, args.protocol, "ensemble", prompts, args.requests, c, params,
+                                warmup=1 if i == 0 else 0, label=label)
+                s = res.summary()
+                rows.append(s)
+                print(format_summary(s), flush=True)
+                for e in res.errors[:3]:
+                    print("  error:", e)
+    for lbl in ("speculative", "plain"):
+        line = (f"offline {lbl}: e2e mean {off[lbl]['e2e_mean_ms']:.0f} ms, {off[lbl]['tokens_per_s']:.1f} tok/s, "
+                f"mean acceptance length {off[lbl]['mean_acceptance_length']:.2f}")
+        served = [r for r in rows if r["label"] == lbl and r["concurrency"] == 1]
+        if served:
+            e2e = served[0]["e2e_mean_ms"]
+            line += (f"; Triton c=1 e2e mean {e2e:.0f} ms -> overhead {e2e - off[lbl]['e2e_mean_ms']:+.0f} ms "
+                     f"({100 * (e2e / off[lbl]['e2e_mean_ms'] - 1):+.1f}%)")
+        print(line)
+    if args.json:
+        args.json.write_text(json.dumps({"spec": spec.describe(), "served": rows, "offline": off}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

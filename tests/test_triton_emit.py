@@ -1,0 +1,181 @@
+"""The emitted Triton repository: both runtimes parse against Triton's ModelConfig proto, with the names,
+types and speculative parameters TensorRT-LLM's inflight_batcher_llm repository uses. No server here."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trtspec.checkpoint.errors import CheckpointError, UsageError
+from trtspec.checkpoint.load import load_spec_model
+from trtspec.cli import main
+from trtspec.triton.emit import MANIFEST, MODELS, TEMPLATE_DIR, emit_repository, fill_template
+from trtspec.triton.validate import load_repository, parse_config, validate_repository
+
+from triton_support import make_model
+
+pytest.importorskip("tritonclient.grpc.model_config_pb2")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("triton_emit_model"))
+
+
+@pytest.fixture(scope="module")
+def spec(model):
+    return load_spec_model(model["target"], model["heads"])
+
+
+def _params(cfg) -> dict[str, str]:
+    return {k: v.string_value for k, v in cfg.parameters.items()}
+
+
+@pytest.mark.parametrize("runtime", ["reference", "trtllm"])
+def test_both_runtimes_parse_and_share_the_contract(spec, tmp_path, runtime):
+    repo = emit_repository(spec, runtime, tmp_path / "repo", engine_dir=Path("/engines/llama"))
+    cfgs = validate_repository(repo)
+    assert set(cfgs) == set(MODELS)
+    llm = cfgs["tensorrt_llm"]
+    assert llm.backend == ("tensorrtllm" if runtime == "trtllm" else "python")
+    assert llm.model_transaction_policy.decoupled
+    types = {i.name: i.data_type for i in llm.input}
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    assert types["input_ids"] == pb.TYPE_INT32 and types["streaming"] == pb.TYPE_BOOL
+    assert types["temperature"] == pb.TYPE_FP32 and types["seed"] == pb.TYPE_UINT64
+    assert types["return_perf_metrics"] == pb.TYPE_BOOL
+    outs = {o.name: o.data_type for o in llm.output}
+    assert outs["acceptance_rate"] == pb.TYPE_FP32
+    assert outs["total_accepted_draft_tokens"] == outs["total_draft_tokens"] == pb.TYPE_INT32
+    assert [list(o.dims) for o in llm.output if o.name == "output_ids"] == [[-1, -1]]
+    p = _params(llm)
+    # speculative parameters come from the build: the heads' tree in TensorRT-LLM's notation
+    assert p["decoding_mode"] == "medusa"
+    assert p["medusa_choices"].startswith("{0}") and "eagle_choices" not in p
+    assert int(p["max_draft_len"]) == spec.tree.num_nodes
+    from trtspec.runtime.tree import parse_choices
+
+    assert parse_choices(p["medusa_choices"]) == spec.tree.choices
+    ens = cfgs["ensemble"]
+    assert {i.name for i in ens.input} >= {"text_input", "max_tokens", "stream", "temperature", "top_k", "top_p",
+                                          "return_perf_metrics"}
+    assert "text_output" in {o.name for o in ens.output}
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm", "postprocessing"]
+    # the same tensors in both runtimes: only backend and runtime-specific parameters differ
+    assert (repo / "preprocessing/1/tokenizer/tokenizer.json").is_file()
+    manifest = json.loads((repo / MANIFEST).read_text())
+    assert manifest["runtime"] == runtime and manifest["tree_choices"] == [list(c) for c in spec.tree.choices]
+    if runtime == "trtllm":
+        assert p["gpt_model_path"] == "/engines/llama"
+        assert not (repo / "tensorrt_llm/1/model.py").exists()
+        assert "trtspec_target_dir" not in p
+    else:
+        assert "gpt_model_path" not in p  # unset parameters are dropped, never left as ${...}
+        assert Path(p["trtspec_target_dir"]) == Path(spec.target.path).resolve()
+        assert (repo / "tensorrt_llm/1/model.py").is_file()
+
+
+def test_runtimes_have_identical_tensors(spec, tmp_path):
+    a = load_repository(emit_repository(spec, "reference", tmp_path / "a"))
+    b = load_repository(emit_repository(spec, "trtllm", tmp_path / "b", engine_dir=Path("/e")))
+    for name in MODELS:
+        for field in ("input", "output"):
+            sig = lambda cfg: [(t.name, t.data_type, list(t.dims), t.optional if field == "input" else 0)
+                               for t in getattr(cfg, field)]
+            assert sig(a[name]) == sig(b[name]), (name, field)
+
+
+def test_unfilled_placeholders_are_refused(tmp_path):
+    text = (TEMPLATE_DIR / "tensorrt_llm" / "config.pbtxt").read_text()
+    with pytest.raises(UsageError, match="no value for placeholder"):
+        fill_template(text, {"triton_backend": "python"})
+    with pytest.raises(CheckpointError, match=r"placeholder \$\{engine_dir\} was not filled"):
+        parse_config('name: "x"\nbackend: "python"\nparameters: { key: "a" value: { string_value: "${engine_dir}" } }')
+    with pytest.raises(CheckpointError, match="not a valid Triton ModelConfig"):
+        parse_config('name: "x"\nbackend: "python"\nmax_batch_size: 8\nno_such_field: 1\n')
+    with pytest.raises(CheckpointError, match="not a valid Triton ModelConfig"):
+        parse_config('name: "x"\ninput [ { name: "a" data_type: TYPE_NOPE dims: [ 1 ] } ]\n')
+
+
+def test_mis_wired_ensemble_is_caught(spec, tmp_path):
+    repo = emit_repository(spec, "reference", tmp_path / "repo")
+    f = repo / "ensemble" / "config.pbtxt"
+    f.write_text(f.read_text().replace('key: "TOKENS_BATCH"', 'key: "TOKENS"'))
+    with pytest.raises(CheckpointError, match="postprocessing has no input 'TOKENS'"):
+        validate_repository(repo)
+
+
+def test_eagle3_has_no_engine_path_and_options_are_checked(spec, tmp_path):
+    import dataclasses
+
+    e3 = dataclasses.replace(spec, drafter=dataclasses.replace(spec.drafter, kind="eagle3"))
+    with pytest.raises(UsageError, match="EAGLE-3"):
+        emit_repository(e3, "trtllm", tmp_path / "r", engine_dir=Path("/e"))
+    with pytest.raises(UsageError, match="engine directory"):
+        emit_repository(spec, "trtllm", tmp_path / "r")
+    with pytest.raises(UsageError, match="unknown Triton option"):
+        emit_repository(spec, "reference", tmp_path / "r", options={"max_bach_size": 4})
+    with pytest.raises(UsageError, match="runtime"):
+        emit_repository(spec, "onnx", tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # nothing half-written left behind
+
+
+def test_plugin_library_is_copied_and_preloaded(spec, tmp_path):
+    lib = tmp_path / "libtrtspec_plugins.so"
+    lib.write_bytes(b"\x7fELF")  # only copied, never loaded here
+    repo = emit_repository(spec, "trtllm", tmp_path / "repo", engine_dir=Path("/engines"), plugin_library=lib)
+    rel = "tensorrt_llm/1/plugins/libtrtspec_plugins.so"
+    assert (repo / rel).read_bytes() == b"\x7fELF"
+    assert _params(load_repository(repo)["tensorrt_llm"])["trtspec_plugin_library"] == rel
+    res = CliRunner().invoke(main, ["serve", str(repo)])
+    assert res.exit_code == 0, res.output
+    assert f"LD_PRELOAD=/models/{rel}" in res.output and "tritonserver --model-repository=/models" in res.output
+
+
+def test_plugin_library_built_later_is_still_preloaded(spec, tmp_path):
+    repo = emit_repository(spec, "trtllm", tmp_path / "repo", engine_dir=Path("/engines"),
+                           options={"plugin_library_name": "libtrtspec_plugins.so"})
+    res = CliRunner().invoke(main, ["serve", str(repo)])
+    assert res.exit_code == 0 and "LD_PRELOAD=/models/tensorrt_llm/1/plugins/libtrtspec_plugins.so" in res.output
+    assert "is missing: copy the plugin library there first" in res.output
+
+
+def test_replaces_only_trtspec_repositories(spec, tmp_path):
+    repo = emit_repository(spec, "reference", tmp_path / "repo", options={"max_batch_size": 4})
+    emit_repository(spec, "reference", repo, options={"max_batch_size": 2})
+    assert load_repository(repo)["ensemble"].max_batch_size == 2
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("user data")
+    with pytest.raises(UsageError, match="not a trtspec model repository"):
+        emit_repository(spec, "reference", other)
+    assert (other / "keep.txt").read_text() == "user data"
+
+
+def test_cli_emit(model, tmp_path):
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps({"target": str(model["target"]), "heads": str(model["heads"]),
+                                     "tree": "chain:2"}))
+    res = CliRunner().invoke(main, ["triton", "emit", "--spec", str(spec_file), "--runtime", "reference",
+                                    "--out", str(tmp_path / "repo")])
+    assert res.exit_code == 0, res.output
+    p = _params(load_repository(tmp_path / "repo")["tensorrt_llm"])
+    assert p["medusa_choices"] == "{0}, {0, 0}" and p["max_draft_len"] == "2"
+    res = CliRunner().invoke(main, ["triton", "emit", "--target", str(model["target"]), "--runtime", "trtllm",
+                                    "--out", str(tmp_path / "r2")])
+    assert res.exit_code == 2 and "engine directory" in res.output and "Traceback" not in res.output
+    shutil.rmtree(tmp_path / "repo")
+
+
+def test_target_without_heads(model, tmp_path):
+    plain = load_spec_model(model["target"])
+    repo = emit_repository(plain, "reference", tmp_path / "repo")
+    p = _params(load_repository(repo)["tensorrt_llm"])
+    assert not {"decoding_mode", "medusa_choices", "eagle_choices", "max_draft_len", "trtspec_heads_dir"} & set(p)
+    assert json.loads((repo / MANIFEST).read_text())["drafter_kind"] is None

@@ -1,0 +1,305 @@
+"""A real tritonserver (from the nvidia-pytriton wheel) on 127.0.0.1 serving the emitted `reference`
+repository: every answer must equal offline greedy decoding of the same prompt.
+
+The server is started once for the module and stopped by the fixture's finalizer, also when a test fails
+(the launcher kills the whole process group, python stubs included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from trtspec.checkpoint.errors import UsageError
+from trtspec.checkpoint.load import load_spec_model
+from trtspec.triton.emit import emit_repository
+
+from triton_support import PROMPTS, Oracle, make_model
+
+pytest.importorskip("pytriton")
+pytest.importorskip("tritonclient.grpc")
+
+from trtspec.client.common import GenerateParams, ServerError  # noqa: E402
+from trtspec.client.grpc import GrpcClient  # noqa: E402
+from trtspec.client.http import HttpClient  # noqa: E402
+from trtspec.triton.server import TritonServer  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+MODELS = ("ensemble", "tensorrt_llm_bls")
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_model(tmp_path_factory.mktemp("triton_server_model"))
+
+
+@pytest.fixture(scope="module")
+def oracle(model):
+    return Oracle(model["target"], model["heads"])
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("triton_server")
+    spec = load_spec_model(model["target"], model["heads"])
+    repo = emit_repository(spec, "reference", root / "repo", options={"max_batch_size": 8, "device": "cpu",
+                                                                      "torch_threads": 1})
+    srv = TritonServer(repo, log_path=root / "tritonserver.log", startup_timeout_s=120)
+    srv.start()
+    yield srv
+    pid = srv.proc.pid if srv.proc else None
+    srv.stop()
+    if pid is not None:  # stopped for real: the process and its group are gone
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
+
+
+def _get(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_all_models_ready(server):
+    for m in ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls"):
+        assert _get(f"http://{server.http_url}/v2/models/{m}/ready") == 200, m
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    index = {m.name: m.state for m in c.get_model_repository_index().models}
+    assert index and all(state == "READY" for state in index.values()), index
+    assert server.http_url.startswith("127.0.0.1:") and server.grpc_url.startswith("127.0.0.1:")
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_text_equals_offline_greedy(server, oracle, model_name, protocol, stream):
+    client = HttpClient(server.http_url, model_name) if protocol == "http" else GrpcClient(server.grpc_url, model_name)
+    prompt, n = PROMPTS[0], 20
+    params = GenerateParams(max_tokens=n)
+    res = client.generate_stream(prompt, params) if stream else client.generate(prompt, params)
+    expected = oracle.text(prompt, n, speculative=False)
+    assert res.text == expected
+    assert res.text == oracle.text(prompt, n, speculative=True)  # speculative == plain, also served
+    assert res.num_output_tokens == len(oracle.tokens(prompt, n))
+    # speculative counters: drafts verified per step = the tree size, accepted <= drafted
+    drafts, accepted = res.metrics["total_draft_tokens"], res.metrics["total_accepted_draft_tokens"]
+    assert drafts > 0 and drafts % oracle.spec.tree.num_nodes == 0 and 0 <= accepted <= drafts
+    assert res.metrics["acceptance_rate"] == pytest.approx(accepted / drafts, rel=1e-5)
+    if stream:
+        assert len(res.pieces) > 1 and res.ttft_s <= res.latency_s
+    if protocol == "grpc":
+        client.close()
+
+
+def test_32_concurrent_streams(server, oracle):
+    jobs = [(PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)), 6 + (i * 5) % 11, "http" if i % 2 else "grpc")
+            for i in range(32)]
+    results: dict[int, str] = {}
+    errors: list[str] = []
+    barrier = threading.Barrier(len(jobs))
+
+    def run(i: int) -> None:
+        prompt, n, proto = jobs[i]
+        try:
+            client = HttpClient(server.http_url) if proto == "http" else GrpcClient(server.grpc_url)
+            barrier.wait(timeout=30)
+            results[i] = client.generate_stream(prompt, GenerateParams(max_tokens=n)).text
+            if proto == "grpc":
+                client.close()
+        except Exception as exc:
+            errors.append(f"{i}: {exc}")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert sorted(results) == list(range(32))  # none lost
+    for i, (prompt, n, _) in enumerate(jobs):  # none mixed up, all correct
+        assert results[i] == oracle.text(prompt, n), (i, prompt, n)
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"text_input": "", "max_tokens": 8}, "text_input is empty"),
+    ({"text_input": "   ", "max_tokens": 8}, "text_input is empty"),
+    ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be >= 1"),
+    ({"text_input": "hi", "max_tokens": -3}, "max_tokens must be >= 1"),
+    ({"text_input": "hi", "max_tokens": 2_000_000_000}, "exceeds the model's max_seq_len"),
+    ({"text_input": "hi", "max_tokens": "eight"}, "Unable to parse"),
+    ({"text_input": "hi", "max_tokens": 8, "temperature": "hot"}, "Unable to parse"),
+    ({"text_input": "hi", "max_tokens": 8, "beam_width": 4}, "beam_width=4 is not supported"),
+    ({"max_tokens": 8}, "text_input"),
+])
+def test_bad_requests_get_clear_errors(server, oracle, body, message):
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/ensemble/generate", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=30)
+    assert 400 <= info.value.code < 600
+    assert message in info.value.read().decode()
+    # ... and the server keeps serving
+    assert HttpClient(server.http_url).generate("abc", GenerateParams(max_tokens=6)).text == oracle.text("abc", 6)
+
+
+def test_bad_requests_over_grpc_and_stream(server, oracle):
+    with GrpcClient(server.grpc_url) as c:
+        with pytest.raises(ServerError, match="max_tokens must be >= 1"):
+            c.generate_stream("hello", GenerateParams(max_tokens=0))
+        assert c.generate_stream("hello", GenerateParams(max_tokens=5)).text == oracle.text("hello", 5)
+    with pytest.raises(ServerError, match="text_input is empty"):
+        HttpClient(server.http_url, "tensorrt_llm_bls").generate_stream("", GenerateParams(max_tokens=5))
+    # a tensor of the wrong type is refused by Triton itself, before any model runs
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    text = grpcclient.InferInput("QUERY", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"hello"]], dtype=object))
+    wrong = grpcclient.InferInput("REQUEST_OUTPUT_LEN", [1, 1], "FP32")
+    wrong.set_data_from_numpy(np.array([[4.0]], dtype=np.float32))
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException, match="(?i)data.?type|TYPE_INT32|INT32"):
+        c.infer("preprocessing", [text, wrong])
+    with GrpcClient(server.grpc_url) as again:
+        assert again.generate("hello", GenerateParams(max_tokens=5)).text == oracle.text("hello", 5)
+    assert server.is_alive()
+
+
+def test_server_stops_on_error_and_reports_load_failures(tmp_path):
+    """A model that fails to load: a clear error quoting the log, and nothing left running."""
+    bad = tmp_path / "repo" / "broken"
+    (bad / "1").mkdir(parents=True)
+    (bad / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\nmax_batch_size: 0\n'
+                                      'input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+                                      'output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    (bad / "1" / "model.py").write_text("raise RuntimeError('deliberately broken model')\n")
+    srv = TritonServer(tmp_path / "repo", log_path=tmp_path / "log.txt", startup_timeout_s=60)
+    with pytest.raises(UsageError, match="deliberately broken model"):
+        srv.start()
+    assert srv.proc is None and not srv.is_alive()
+
+
+def test_client_cli(server, oracle):
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+
+    r = CliRunner()
+    res = r.invoke(main, ["client", "stream", "--url", server.http_url, "--max-tokens", "12", PROMPTS[2]])
+    assert res.exit_code == 0, res.output
+    assert oracle.text(PROMPTS[2], 12) in res.output and "mean acceptance length" in res.output
+    res = r.invoke(main, ["client", "generate", "--protocol", "grpc", "--url", server.grpc_url,
+                          "--model", "tensorrt_llm_bls", "--max-tokens", "12", PROMPTS[3]])
+    assert res.exit_code == 0, res.output
+    assert oracle.text(PROMPTS[3], 12) in res.output
+    res = r.invoke(main, ["client", "bench", "--url", server.http_url, "-c", "1", "-c", "4", "-n", "8",
+                          "--max-tokens", "8"])
+    assert res.exit_code == 0, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("concurrency")]
+    assert len(lines) == 2 and all("(0 errors)" in ln and "TTFT p50" in ln for ln in lines)
+    res = r.invoke(main, ["client", "generate", "--url", server.http_url, "--max-tokens", "0", "hi"])
+    assert res.exit_code == 2 and "max_tokens must be >= 1" in res.output
+
+
+ECHO_CONFIG = """name: "echo"
+backend: "python"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+ECHO_MODEL = """import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x")
+                .as_numpy() + 1)]) for r in requests]
+"""
+
+
+def test_serve_command_starts_prints_and_stops_on_ctrl_c(tmp_path):
+    """`trtspec serve` in a subprocess, on free ports: ready line with the endpoints, SIGINT stops it.
+    (A torch-free echo model keeps this quick; the real repository is served by the fixture.)"""
+    import subprocess
+    import sys
+    import time
+
+    from trtspec.triton.server import free_port
+
+    (tmp_path / "repo" / "echo" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
+    (tmp_path / "repo" / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    hp, gp, mp = free_port(), free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "trtspec.cli", "serve", str(tmp_path / "repo"), "--http-port",
+                             str(hp), "--grpc-port", str(gp), "--metrics-port", str(mp)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        ready = ""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("ready:"):
+                ready = line
+                break
+        assert f"http://127.0.0.1:{hp}" in ready and f"127.0.0.1:{gp}" in ready, ready
+        body = json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "INT32", "data": [41]}]}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{hp}/v2/models/echo/infer", data=body)
+        assert json.loads(urllib.request.urlopen(req, timeout=10).read())["outputs"][0]["data"] == [42]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) in (0, 130)
+        assert not _port_open(hp) and not _port_open(gp)  # the server went with it
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_server_is_stopped_when_a_test_fails(tmp_path):
+    """A pytest session whose test fails, with the same fixture pattern as this module: the server it started
+    is gone when the session ends."""
+    import subprocess
+    import sys
+
+    repo = tmp_path / "repo"
+    (repo / "echo" / "1").mkdir(parents=True)
+    (repo / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
+    (repo / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    pid_file = tmp_path / "pid"
+    (tmp_path / "test_inner.py").write_text(f'''
+import pytest
+from trtspec.triton.server import TritonServer
+
+@pytest.fixture(scope="module")
+def server():
+    with TritonServer({str(repo)!r}) as s:
+        yield s
+
+def test_fails(server):
+    open({str(pid_file)!r}, "w").write(str(server.proc.pid))
+    assert False, "deliberate failure"
+''')
+    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "deliberate failure" in res.stdout, res.stdout[-2000:]
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)

@@ -1,0 +1,191 @@
+"""Triton python-backend model `tensorrt_llm` for trtspec's `reference` runtime.
+
+Same tensors as TensorRT-LLM's tensorrtllm backend (see config.pbtxt), served by trtspec's PyTorch
+reference runtime on CPU or GPU. Decoupled: a streaming request gets one response per target step with
+the tokens committed in that step; a non-streaming request gets one response with all of them. With
+return_perf_metrics each response carries the speculative counters so far (the last one the totals).
+
+The heavy lifting is in trtspec.triton.reference_backend (no Triton imports, tested in-process); this file
+only converts tensors to requests and replies to responses, and turns bad requests into clear errors.
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+UNSUPPORTED_FLAGS = ("return_log_probs", "return_context_logits", "return_generation_logits")
+PENALTIES = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def _param(cfg, key, default=""):
+    value = cfg.get("parameters", {}).get(key, {}).get("string_value", default)
+    return default if value.startswith("${") else value
+
+
+def _get(request, name):
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    return None if t is None else t.as_numpy()
+
+
+def _scalar(request, name, default=None, cast=float):
+    arr = _get(request, name)
+    if arr is None or arr.size == 0:
+        return default
+    return cast(arr.reshape(-1)[0])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch
+
+        from trtspec.checkpoint.load import load_spec_model
+        from trtspec.runtime.generate import SpeculativeGenerator
+        from trtspec.triton.reference_backend import ReferenceBackend, parse_bool
+
+        cfg = json.loads(args["model_config"])
+        self.model_config = cfg
+        if not pb_utils.using_decoupled_model_transaction_policy(cfg):
+            raise pb_utils.TritonModelException("tensorrt_llm (reference): the model must be decoupled")
+        target = _param(cfg, "trtspec_target_dir")
+        heads = _param(cfg, "trtspec_heads_dir") or None
+        kind = _param(cfg, "trtspec_drafter_kind") or None
+        tree = _param(cfg, "trtspec_tree_choices") or None
+        dtype = _param(cfg, "trtspec_dtype") or None
+        device = _param(cfg, "trtspec_device", "auto") or "auto"
+        threads = int(_param(cfg, "trtspec_torch_threads", "0") or 0)
+        if threads > 0:
+            torch.set_num_threads(threads)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda"):
+            ids = _param(cfg, "gpu_device_ids")
+            if ids and device == "cuda":
+                device = f"cuda:{ids.split(',')[0].strip()}"
+        spec = load_spec_model(target, heads, heads_format=kind if heads else None,
+                               tree=tree if heads else None, dtype=dtype)
+        torch_dtype = None if device == "cpu" else spec.dtype
+        self.generator = SpeculativeGenerator(spec, device=device, dtype=torch_dtype)
+        self.max_seq_len = int(_param(cfg, "max_seq_len", "0") or 0) or spec.target.arch.max_position_embeddings
+        self.default_exclude_input = parse_bool(_param(cfg, "exclude_input_in_output", "true"), True)
+        eos = spec.target.arch.eos_token_id
+        self.default_end_id = eos if isinstance(eos, int) else (eos[0] if eos else None)
+        speculative = parse_bool(_param(cfg, "trtspec_speculative", "true"), True)
+        window_ms = float(_param(cfg, "trtspec_batch_window_ms", "20") or 0)
+        self.backend = ReferenceBackend(self.generator, speculative=speculative,
+                                        max_batch_size=max(1, int(cfg.get("max_batch_size", 1) or 1)),
+                                        batch_window_s=window_ms / 1000.0)
+        self.perf_outputs = {o["name"] for o in cfg.get("output", [])}
+
+    # request -> GenRequest -----------------------------------------------------------------------
+    def _parse(self, request, sender):
+        from trtspec.triton.reference_backend import GenRequest
+
+        ids = _get(request, "input_ids")
+        if ids is None:
+            raise ValueError("input_ids is required")
+        ids = ids.reshape(ids.shape[0], -1) if ids.ndim > 1 else ids.reshape(1, -1)
+        if ids.shape[0] != 1:
+            raise ValueError(f"one sequence per request, got a batch of {ids.shape[0]}: send them as separate "
+                             f"requests (they are batched on the server)")
+        n_in = _scalar(request, "input_lengths", ids.shape[1], int)
+        if not 1 <= n_in <= ids.shape[1]:
+            raise ValueError(f"input_lengths {n_in} does not fit input_ids of length {ids.shape[1]}")
+        prompt = [int(x) for x in ids[0, :n_in]]
+        max_new = _scalar(request, "request_output_len", None, int)
+        if max_new is None or max_new <= 0:
+            raise ValueError(f"request_output_len (max_tokens) must be >= 1, got {max_new}")
+        if n_in + max_new > self.max_seq_len:
+            raise ValueError(f"prompt ({n_in} tokens) + max_tokens ({max_new}) exceeds max_seq_len "
+                             f"{self.max_seq_len}: lower max_tokens to at most {max(self.max_seq_len - n_in, 0)}")
+        for name, limit in (("beam_width", 1), ("num_return_sequences", 1)):
+            v = _scalar(request, name, 1, int)
+            if v > limit:
+                raise ValueError(f"{name}={v} is not supported by the reference runtime (use 1)")
+        for name in UNSUPPORTED_FLAGS:
+            if _scalar(request, name, False, bool):
+                raise ValueError(f"{name} is not supported by the reference runtime")
+        for name, neutral in PENALTIES.items():
+            v = _scalar(request, name, neutral, float)
+            if abs(v - neutral) > 1e-6:
+                raise ValueError(f"{name}={v} is not supported by the reference runtime (use {neutral})")
+        if _scalar(request, "min_tokens", 0, int) > 1:
+            raise ValueError("min_tokens is not supported by the reference runtime")
+        if _get(request, "draft_input_ids") is not None:
+            raise ValueError("draft_input_ids is not supported: the reference runtime drafts with its own heads")
+        bad = _get(request, "bad_words_list")
+        if bad is not None and bad.size and (bad.reshape(-1, 2, bad.shape[-1])[0, 1] > 0).any():
+            raise ValueError("bad_words is not supported by the reference runtime")
+        stops = []
+        sw = _get(request, "stop_words_list")
+        if sw is not None and sw.size:
+            sw = sw.reshape(-1, 2, sw.shape[-1])[0]
+            start = 0
+            for end in sw[1]:
+                if end < 0:
+                    break
+                stops.append([int(t) for t in sw[0, start:end]])
+                start = int(end)
+        temperature = _scalar(request, "temperature", 0.0, float)
+        top_k = _scalar(request, "runtime_top_k", 0, int)
+        top_p = _scalar(request, "runtime_top_p", 1.0, float)
+        if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError(f"bad sampling parameters temperature={temperature} top_k={top_k} top_p={top_p}")
+        if top_k == 1:
+            temperature = 0.0  # top-1 sampling is greedy
+        end_id = _scalar(request, "end_id", self.default_end_id, int)
+        if end_id is not None and end_id < 0:
+            end_id = None
+        self_exclude = _scalar(request, "exclude_input_in_output", self.default_exclude_input, bool)
+        streaming = _scalar(request, "streaming", False, bool)
+        perf = _scalar(request, "return_perf_metrics", False, bool)
+        state = {"prompt": prompt, "exclude": self_exclude or streaming, "perf": perf}
+        return GenRequest(prompt=prompt, max_new_tokens=max_new, streaming=streaming,
+                          temperature=temperature, top_k=top_k, top_p=top_p,
+                          seed=_scalar(request, "seed", 0, int), end_id=end_id, stop_sequences=stops,
+                          emit=lambda reply: self._send(sender, reply, state),
+                          cancelled=getattr(sender, "is_cancelled", lambda: False))
+
+    # Reply -> response ---------------------------------------------------------------------------
+    def _send(self, sender, reply, state):
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if reply.final else 0
+        if reply.error:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error)), flags=flags)
+            return
+        if reply.final and not reply.tokens and state.get("sent"):
+            sender.send(flags=flags)  # streaming: everything was sent already
+            return
+        state["sent"] = True
+        tokens = reply.tokens if state["exclude"] else state["prompt"] + reply.tokens
+        out = [pb_utils.Tensor("output_ids", np.array(tokens, np.int32).reshape(1, 1, -1)),
+               pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], np.int32))]
+        if state["perf"]:
+            out += [pb_utils.Tensor("acceptance_rate", np.array([[reply.acceptance_rate]], np.float32)),
+                    pb_utils.Tensor("total_accepted_draft_tokens",
+                                    np.array([[reply.accepted_draft_tokens]], np.int32)),
+                    pb_utils.Tensor("total_draft_tokens", np.array([[reply.draft_tokens]], np.int32)),
+                    pb_utils.Tensor("arrival_time_ns", np.array([[reply.arrival_ns]], np.int64)),
+                    pb_utils.Tensor("first_token_time_ns", np.array([[reply.first_token_ns]], np.int64)),
+                    pb_utils.Tensor("last_token_time_ns", np.array([[reply.last_token_ns]], np.int64))]
+        if reply.final:
+            out += [pb_utils.Tensor("num_input_tokens", np.array([[len(state["prompt"])]], np.int32)),
+                    pb_utils.Tensor("num_output_tokens", np.array([[reply.num_output_tokens]], np.int32))]
+        sender.send(pb_utils.InferenceResponse(out), flags=flags)
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                if _scalar(request, "stop", False, bool):
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    continue
+                self.backend.submit(self._parse(request, sender))
+            except Exception as exc:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {exc}")),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def finalize(self):
+        backend = getattr(self, "backend", None)
+        if backend is not None:
+            backend.close()
