@@ -82,6 +82,16 @@ class SpecMetrics:
 
 
 @dataclass
+class StepOutput:
+    """What one iteration of the loop committed, per sequence: the new tokens (clipped at eos and
+    max_new_tokens) and the number of draft tokens the target accepted (None for the prefill's first
+    token and for sequences that had already finished)."""
+
+    tokens: list[list[int]]
+    accepted: list[int | None]
+
+
+@dataclass
 class GenerationResult:
     tokens: list[list[int]]
     metrics: SpecMetrics
@@ -110,8 +120,8 @@ class SpeculativeGenerator:
 
     # The loop -----------------------------------------------------------------------------------
     @torch.no_grad()
-    def _run(self, prompts: list[list[int]], cfg: GenerationConfig) -> Iterator[list[list[int]]]:
-        """Yield, after the prefill and after every target step, the new tokens of each sequence."""
+    def stream_batch(self, prompts: list[list[int]], cfg: GenerationConfig) -> Iterator[StepOutput]:
+        """Yield, after the prefill and after every target step, what each sequence committed."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("every prompt needs at least one token")
         if cfg.max_new_tokens <= 0:
@@ -145,7 +155,7 @@ class SpeculativeGenerator:
         produced = [[int(root[b])] for b in range(B)]
         done = [self._finished(produced[b], cfg, eos) for b in range(B)]
         metrics.new_tokens = B
-        yield [list(p) for p in produced]
+        yield StepOutput([list(p) for p in produced], [None] * B)
         step = 0
         while not all(done):
             drafts = self.drafter.propose(tree, root) if spec_on else root[:, None]
@@ -162,10 +172,13 @@ class SpeculativeGenerator:
             step += 1
             metrics.target_steps += 1
             fresh: list[list[int]] = []
+            accepted: list[int | None] = []
             for b in range(B):
                 if done[b]:
                     fresh.append([])
+                    accepted.append(None)
                     continue
+                accepted.append(res.accepted_len[b])
                 metrics.record(res.accepted_len[b], tree.num_nodes - 1)
                 new = self._clip(produced[b], res.tokens[b], cfg, eos)
                 produced[b].extend(new)
@@ -180,7 +193,7 @@ class SpeculativeGenerator:
                                      [drafts[b, keep[b]] for b in range(B)],
                                      [torch.tensor(res.tokens[b]) for b in range(B)])
             metrics.wall_s = time.perf_counter() - t0
-            yield fresh
+            yield StepOutput(fresh, accepted)
         metrics.wall_s = time.perf_counter() - t0
 
     @staticmethod
@@ -208,13 +221,13 @@ class SpeculativeGenerator:
     def generate(self, prompts: list[list[int]], cfg: GenerationConfig | None = None) -> GenerationResult:
         cfg = cfg or GenerationConfig()
         out: list[list[int]] = [[] for _ in prompts]
-        for chunk in self._run(prompts, cfg):
-            for b, toks in enumerate(chunk):
+        for step in self.stream_batch(prompts, cfg):
+            for b, toks in enumerate(step.tokens):
                 out[b].extend(toks)
         return GenerationResult(out, self.last_metrics)
 
     def stream(self, prompt: list[int], cfg: GenerationConfig | None = None) -> Iterator[list[int]]:
         """Batch-1 streaming: one list of newly committed tokens per target step."""
-        for chunk in self._run([prompt], cfg or GenerationConfig()):
-            if chunk[0]:
-                yield chunk[0]
+        for step in self.stream_batch([prompt], cfg or GenerationConfig()):
+            if step.tokens[0]:
+                yield step.tokens[0]

@@ -86,13 +86,14 @@ class _Live:
                     return end
         return None
 
-    def add(self, chunk: list[int], is_step: bool) -> list[int]:
-        """Take a chunk from the loop; returns the part this request keeps (clipped at its own limits)."""
+    def add(self, chunk: list[int], accepted: int | None) -> list[int]:
+        """Take a chunk from the loop (``accepted`` drafts in it; None for the prefill token); returns the
+        part this request keeps (clipped at its own limits)."""
         if self.done or not chunk:
             return []
-        if is_step:
+        if accepted is not None:
             self.steps += 1
-            self.accepted += max(len(chunk) - 1, 0)
+            self.accepted += accepted
         room = self.req.max_new_tokens - len(self.tokens)
         kept = []
         for t in chunk[:room]:
@@ -211,22 +212,20 @@ class ReferenceBackend:
                                speculative=self.speculative)
         live = [_Live(r, self.spec_nodes) for r in batch]
         self.batches_run += 1
-        first = True
-        for chunks in self.gen._run([r.prompt for r in batch], cfg):
-            for lv, chunk in zip(live, chunks):
+        for step in self.gen.stream_batch([r.prompt for r in batch], cfg):
+            for lv, chunk, accepted in zip(live, step.tokens, step.accepted):
                 if lv.done:
                     continue
                 if lv.req.cancelled():
                     lv.done = True
                     lv.req.emit(lv.reply([], True))
                     continue
-                kept = lv.add(chunk, is_step=not first)
+                kept = lv.add(chunk, accepted)
                 if lv.req.streaming:
                     if kept or lv.done:
                         lv.req.emit(lv.reply(kept, lv.done))
                 elif lv.done:
                     lv.req.emit(lv.reply(list(lv.tokens), True))
-            first = False
             if all(lv.done for lv in live):
                 break
         for lv in live:  # the loop ended first (cannot normally happen): close every request anyway
