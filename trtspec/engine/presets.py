@@ -6,6 +6,7 @@ ignored and the engine built with a default nobody chose.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,9 @@ import yaml
 
 from trtspec.checkpoint.errors import UsageError
 
-PRESET_DIR = Path(__file__).resolve().parents[2] / "build_configs"
+_CHECKOUT_PRESETS = Path(__file__).resolve().parents[2] / "build_configs"
+#: the checkout's build_configs/, else the copy a wheel installs under <prefix>/share/trtspec/
+PRESET_DIR = _CHECKOUT_PRESETS if _CHECKOUT_PRESETS.is_dir() else Path(sys.prefix) / "share" / "trtspec" / "build_configs"
 
 #: key -> (types, default, help). None default = "derive it" (from the model, the tree, or the GPU).
 KEYS: dict[str, tuple[tuple[type, ...], Any, str]] = {

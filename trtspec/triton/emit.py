@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,15 @@ from trtspec.triton.validate import PLACEHOLDER, validate_repository
 RUNTIMES = ("trtllm", "reference")
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
 MANIFEST = "trtspec_repo.json"
-TEMPLATE_DIR = Path(os.environ.get("TRTSPEC_TRITON_TEMPLATES", Path(__file__).resolve().parents[2] / "triton_repo"))
+def _template_dir() -> Path:
+    """$TRTSPEC_TRITON_TEMPLATES, else the checkout's triton_repo/, else the copy a wheel installs."""
+    if os.environ.get("TRTSPEC_TRITON_TEMPLATES"):
+        return Path(os.environ["TRTSPEC_TRITON_TEMPLATES"])
+    checkout = Path(__file__).resolve().parents[2] / "triton_repo"
+    return checkout if checkout.is_dir() else Path(sys.prefix) / "share" / "trtspec" / "triton_repo"
+
+
+TEMPLATE_DIR = _template_dir()
 #: friendlier option names accepted by emit_repository / the CLI
 ALIASES = {"max_batch_size": "triton_max_batch_size", "device": "trtspec_device", "dtype": "trtspec_dtype",
            "decoupled": "decoupled_mode", "torch_threads": "trtspec_torch_threads",
