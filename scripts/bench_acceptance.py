@@ -1,0 +1,184 @@
+#!/usr/bin/env python
+"""Acceptance benchmark: heads trained by trtspec on chitchat, evaluated on held-out conversations.
+
+For each head kind (mtp-linear, mtp-single, medusa, eagle; the MTP kinds with and without RMSNorm):
+train on the self-distillation cache of SmolLM2-135M, tune a tree for a few node budgets, then decode
+held-out chitchat prompts greedily with the reference runtime, speculative and plain in the same run,
+and report mean acceptance length, per-position acceptance and wall-clock speedup. Prints a table and
+writes it as JSON (``<out>/results.json``).
+
+Every stage is resumable: the cache resumes shard by shard, trained heads are reused when their
+directory exists (``--retrain`` to redo). Prepare the model first: ``python scripts/prepare_smollm2.py``.
+
+    python scripts/bench_acceptance.py                 # the full run (~30 min on 2 cores)
+    python scripts/bench_acceptance.py --kinds mtp-single --nodes 4,8
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared cores: do not spin-wait (set before torch loads)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from trtspec.checkpoint.load import load_spec_model, load_tokenizer  # noqa: E402
+from trtspec.checkpoint.target import load_hf_causal_lm  # noqa: E402
+from trtspec.train.cache import HiddenCache, build_cache  # noqa: E402
+from trtspec.train.data import chitchat_samples, encode_prompt, split_holdout  # noqa: E402
+
+RUNS = {  # name -> (kind, rmsnorm)
+    "mtp-linear": ("mtp-linear", True),
+    "mtp-linear-no-norm": ("mtp-linear", False),
+    "mtp-single": ("mtp-single", True),
+    "mtp-single-no-norm": ("mtp-single", False),
+    "medusa": ("medusa", False),
+    "eagle": ("eagle", False),
+}
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", type=Path, default=ROOT / ".cache" / "smollm2")
+    ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "bench_acceptance")
+    ap.add_argument("--conversations", type=int, default=700, help="chitchat conversations used (train + held out)")
+    ap.add_argument("--holdout", type=int, default=40, help="last N conversations never trained on")
+    ap.add_argument("--gen-tokens", type=int, default=96, help="target reply length cached per prompt")
+    ap.add_argument("--topk", type=int, default=8, help="target top-k logits cached (soft labels)")
+    ap.add_argument("--cache-batch", type=int, default=32)
+    ap.add_argument("--runs", default=",".join(RUNS), help="comma list of " + ", ".join(RUNS))
+    ap.add_argument("--epochs-linear", type=float, default=4.0, help="epochs for medusa / mtp-linear")
+    ap.add_argument("--epochs-recurrent", type=float, default=2.0, help="epochs for eagle / mtp-single")
+    ap.add_argument("--lr-linear", type=float, default=3e-3)
+    ap.add_argument("--num-heads", type=int, default=3)
+    ap.add_argument("--lr-recurrent", type=float, default=2e-3)
+    ap.add_argument("--batch-tokens", type=int, default=2048)
+    ap.add_argument("--soft-weight", type=float, default=0.3)
+    ap.add_argument("--unroll", type=int, default=2)
+    ap.add_argument("--nodes", default="2,4,8", help="tree budgets tried per run (best measured speed reported)")
+    ap.add_argument("--eval-prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--only", choices=["cache", "train", "all"], default="all")
+    ap.add_argument("--retrain", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    return ap.parse_args()
+
+
+def prepare(args):
+    target = load_hf_causal_lm(args.target)
+    tok = load_tokenizer(target)
+    samples = chitchat_samples(args.conversations, seed=0)
+    train_s, held = split_holdout(samples, args.holdout)
+    train_items = [encode_prompt(tok, s) for s in train_s]
+    held_items = [encode_prompt(tok, s) for s in held]
+    return target, tok, train_items, held_items
+
+
+def main() -> None:
+    args = parse()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not (args.target / "config.json").is_file():
+        sys.exit(f"{args.target}: no model; run python scripts/prepare_smollm2.py first")
+    args.out.mkdir(parents=True, exist_ok=True)
+    target, tok, train_items, held_items = prepare(args)
+    t0 = time.perf_counter()
+    cache_dir = args.out / "cache"
+    build_cache(target, train_items, cache_dir, mode="generate", gen_tokens=args.gen_tokens, topk=args.topk,
+                batch_size=args.cache_batch)
+    cache = HiddenCache(cache_dir, target.fingerprint)
+    print(f"cache: {len(cache.sequences)} sequences, {cache.num_tokens} tokens ({time.perf_counter() - t0:.0f} s)",
+          flush=True)
+    if args.only == "cache":
+        return
+    calib_items, eval_items = held_items[: len(held_items) - args.eval_prompts], held_items[-args.eval_prompts:]
+    calib_dir = args.out / "calib"
+    build_cache(target, calib_items, calib_dir, mode="generate", gen_tokens=args.gen_tokens, batch_size=args.cache_batch)
+    calib = HiddenCache(calib_dir, target.fingerprint)
+    budgets = [int(x) for x in args.nodes.split(",")]
+    results = {"target": str(args.target), "cache_tokens": cache.num_tokens, "cache_sequences": len(cache.sequences),
+               "calibration_tokens": calib.num_tokens, "eval_prompts": len(eval_items),
+               "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(), "runs": {}}
+    results_path = args.out / "results.json"
+    if results_path.is_file():
+        results["runs"] = json.loads(results_path.read_text()).get("runs", {})
+    for name in [r for r in args.runs.split(",") if r]:
+        kind, rms = RUNS[name]
+        heads_dir = args.out / "heads" / name
+        info = train_run(args, target, cache, name, kind, rms, heads_dir)
+        if args.only == "train":
+            continue
+        row = evaluate(args, heads_dir, calib, eval_items, budgets)
+        row.update(kind=kind, rmsnorm=rms, training=info)
+        results["runs"][name] = row
+        results_path.write_text(json.dumps(results, indent=2) + "\n")
+        print_table(results)
+    results["wall_s"] = time.perf_counter() - t0
+    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    print_table(results)
+    print(f"wrote {results_path}")
+
+
+def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
+    from trtspec.train.heads import save_heads
+    from trtspec.train.trainer import TrainConfig, train
+
+    info_path = heads_dir.with_name(name + ".train.json")
+    if heads_dir.exists() and info_path.is_file() and not args.retrain:
+        return json.loads(info_path.read_text())
+    linear = kind in ("medusa", "mtp-linear")
+    cfg = TrainConfig(kind=kind, num_heads=args.num_heads, rmsnorm=rms,
+                      epochs=args.epochs_linear if linear else args.epochs_recurrent,
+                      lr=args.lr_linear if linear else args.lr_recurrent,
+                      batch_tokens=args.batch_tokens, soft_weight=args.soft_weight if cache.has_topk else 0.0,
+                      label_vocab="cache", unroll=args.unroll, seed=0, ckpt_every=0)
+    module, res = train(target, cache, cfg, ckpt_dir=None, progress=True)
+    info = {"epochs": cfg.epochs, "lr": cfg.lr, "unroll": cfg.unroll, "soft_weight": cfg.soft_weight,
+            "train_on": cfg.train_on, "steps": res.steps, "first_loss": res.losses[0] if res.losses else None, "final_loss": res.final_loss,
+            "per_step_or_head_ce": res.step_losses, "train_s": res.wall_s, "train_tokens_per_s": res.tokens_per_s}
+    save_heads(kind, module, target, heads_dir, info, rmsnorm=rms)
+    info_path.write_text(json.dumps(info, indent=2) + "\n")
+    print(f"{name}: loss {info['first_loss']:.3f} -> {info['final_loss']:.3f} in {res.wall_s:.0f} s", flush=True)
+    return info
+
+
+def evaluate(args, heads_dir: Path, calib, eval_items, budgets) -> dict:
+    from trtspec.runtime.generate import SpeculativeGenerator
+    from trtspec.train.tune_run import tune_on_cache
+
+    spec = load_spec_model(args.target, heads_dir, tree="chain:1", dtype="float32")
+    gen = SpeculativeGenerator(spec)
+    t0 = time.perf_counter()
+    rep = tune_on_cache(gen, calib, eval_items, budgets, topk=8, max_new_tokens=args.max_new_tokens, speed=True,
+                        echo=lambda s: print(s, flush=True))
+    best = rep["best"]
+    return {"best_nodes": best["nodes"], "choices": best["choices_json"], "expected_acceptance": best["expected"],
+            "mean_acceptance_length": best["measured"], "per_position_acceptance": best["per_position"],
+            "tokens_per_s": best["tokens_per_s"], "plain_tokens_per_s": best["plain_tokens_per_s"],
+            "speedup": best["speedup"], "identical_to_plain": best["identical_to_plain"],
+            "per_depth_topk": rep["per_depth_topk"], "budgets": rep["budgets"], "eval_s": time.perf_counter() - t0}
+
+
+def print_table(results: dict) -> None:
+    print()
+    print(f"{'run':<20} {'loss':>7} {'nodes':>5} {'E[AL]':>6} {'AL':>6} {'per-position acceptance':<26} "
+          f"{'spec t/s':>8} {'plain t/s':>9} {'speedup':>7} {'same':>5}")
+    for name, r in results["runs"].items():
+        pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"])
+        print(f"{name:<20} {r['training']['final_loss']:>7.3f} {r['best_nodes']:>5} {r['expected_acceptance']:>6.2f} "
+              f"{r['mean_acceptance_length']:>6.2f} {pp:<26} {r['tokens_per_s']:>8.1f} {r['plain_tokens_per_s']:>9.1f} "
+              f"{r['speedup']:>6.2f}x {str(r['identical_to_plain']):>5}")
+    print(flush=True)
+
+
+if __name__ == "__main__":
+    main()

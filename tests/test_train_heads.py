@@ -1,0 +1,234 @@
+"""train-heads on a tiny random target: loss goes down, heads load and decode exactly like plain greedy,
+resume is bit-identical, the cache is aligned with the runtime and resumes after an interruption."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from trtspec.checkpoint.load import load_spec_model
+from trtspec.checkpoint.target import load_hf_causal_lm
+from trtspec.cli import main
+from trtspec.demo.tiny import make_tiny_llama
+from trtspec.demo.tokenizer import write_char_tokenizer
+from trtspec.models.llama import build_llama, causal_mask
+from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
+from trtspec.train import cache as cache_mod
+from trtspec.train.cache import HiddenCache, build_cache
+from trtspec.train.heads import TRAIN_KINDS, save_heads
+from trtspec.train.trainer import TrainConfig, train
+
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    tdir = make_tiny_llama(root / "target", seed=0, vocab_size=VOCAB, num_hidden_layers=2)
+    write_char_tokenizer(tdir, VOCAB)
+    target = load_hf_causal_lm(tdir)
+    rng = random.Random(0)
+    items = [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(3, 10))] for _ in range(40)]
+    build_cache(target, items, root / "cache", gen_tokens=24, topk=4, batch_size=8, shard_tokens=300, progress=False)
+    return {"root": root, "dir": tdir, "target": target, "items": items, "cache": HiddenCache(root / "cache")}
+
+
+def _cfg(kind: str, **kw) -> TrainConfig:
+    base = dict(kind=kind, steps=30, batch_tokens=256, lr=3e-3, lm_dtype="float32", warmup=5, ckpt_every=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_cache_labels_are_the_targets_greedy_choices(tiny):
+    """generate mode: each cached sequence is prompt + the target's greedy reply, its hidden states are the
+    target's (batched) forward, and past the prompt argmax[q] is the token that follows q."""
+    cache, target, items = tiny["cache"], tiny["target"], tiny["items"]
+    model = build_llama(target.arch, target.tensors)
+    order = sorted(range(len(items)), key=lambda i: (len(items[i]), i))
+    gen = SpeculativeGenerator(load_spec_model(tiny["dir"]))
+    for j in (0, 7, 21):
+        seq = cache.sequence(j)
+        prompt = items[order[j]]
+        toks = np.asarray(seq["tokens"])
+        assert toks[: len(prompt)].tolist() == prompt
+        P = len(prompt)
+        assert np.array_equal(np.asarray(seq["argmax"])[P - 1:-1], toks[P:])
+        ref = gen.generate([prompt], GenerationConfig(max_new_tokens=24, speculative=False)).tokens[0]
+        assert toks[len(prompt):].tolist() + [int(seq["argmax"][-1])] == ref[: len(toks) - len(prompt) + 1]
+        with torch.no_grad():
+            c = model.new_cache(1, len(toks))
+            h, _ = model(torch.tensor(toks)[None], torch.arange(len(toks))[None], c, causal_mask(len(toks)))
+        assert torch.allclose(torch.from_numpy(np.asarray(seq["hidden"], dtype=np.float32)), h[0], atol=2e-2)
+
+
+@pytest.mark.parametrize("kind", TRAIN_KINDS)
+def test_training_lowers_loss_and_heads_decode_like_greedy(tiny, kind):
+    module, res = train(tiny["target"], tiny["cache"], _cfg(kind), progress=False)
+    assert res.steps == 30
+    first, last = np.mean(res.losses[:3]), np.mean(res.losses[-3:])
+    assert last < first - 0.2, (first, last)
+    out = save_heads(kind, module, tiny["target"], tiny["root"] / f"heads-{kind}", {"loss": res.final_loss})
+    spec = load_spec_model(tiny["dir"], out, tree=[[0], [0, 0], [1], [0, 1]])
+    assert spec.drafter.kind == kind
+    gen = SpeculativeGenerator(spec)
+    prompts = tiny["items"][:4]
+    spec_out = gen.generate(prompts, GenerationConfig(max_new_tokens=20))
+    plain = gen.generate(prompts, GenerationConfig(max_new_tokens=20, speculative=False))
+    assert spec_out.tokens == plain.tokens
+    assert spec_out.metrics.mean_acceptance_length > 1.0  # trained on these very prompts
+
+
+def test_resume_is_identical_to_an_uninterrupted_run(tiny, tmp_path):
+    for kind in ("mtp-linear", "mtp-single"):
+        cfg = _cfg(kind, steps=8, soft_weight=0.3)
+        full, r_full = train(tiny["target"], tiny["cache"], cfg, progress=False)
+        ck = tmp_path / kind
+        _, r_half = train(tiny["target"], tiny["cache"], _cfg(kind, steps=8, soft_weight=0.3), ckpt_dir=ck,
+                          progress=False, stop_after=3)
+        assert r_half.steps == 3 and (ck / "checkpoint.pt").is_file()
+        resumed, r_res = train(tiny["target"], tiny["cache"], _cfg(kind, steps=8, soft_weight=0.3), ckpt_dir=ck,
+                               resume=True, progress=False)
+        assert r_res.steps == 8
+        assert r_res.losses == r_full.losses
+        for (n, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+            assert torch.equal(a, b), n
+
+
+def test_resume_with_other_options_is_refused(tiny, tmp_path):
+    train(tiny["target"], tiny["cache"], _cfg("medusa", steps=4), ckpt_dir=tmp_path, progress=False, stop_after=2)
+    with pytest.raises(Exception, match="other options"):
+        train(tiny["target"], tiny["cache"], _cfg("medusa", steps=4, lr=1e-2), ckpt_dir=tmp_path, resume=True,
+              progress=False)
+
+
+def test_cache_resumes_after_an_interruption(tiny, tmp_path, monkeypatch):
+    items = tiny["items"][:20]
+    ref = build_cache(tiny["target"], items, tmp_path / "ref", gen_tokens=8, batch_size=4, shard_tokens=40,
+                      progress=False)
+    real, calls = cache_mod.run_items, {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(cache_mod, "run_items", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        build_cache(tiny["target"], items, tmp_path / "c", gen_tokens=8, batch_size=4, shard_tokens=40, progress=False)
+    part = next((tmp_path / "c").glob("part-*"))
+    assert not json.loads((part / "meta.json").read_text())["complete"]
+    with pytest.raises(Exception, match="incomplete"):
+        HiddenCache(tmp_path / "c")
+    build_cache(tiny["target"], items, tmp_path / "c", gen_tokens=8, batch_size=4, shard_tokens=40, progress=False)
+    a, b = HiddenCache(ref), HiddenCache(tmp_path / "c")
+    assert len(a.sequences) == len(b.sequences) == 20
+    for i in range(20):
+        for key in ("tokens", "argmax", "hidden"):
+            assert np.array_equal(a.sequence(i)[key], b.sequence(i)[key])
+    with pytest.raises(Exception, match="other data"):
+        build_cache(tiny["target"], items[:5], tmp_path / "c", gen_tokens=8, batch_size=4, progress=False)
+
+
+def test_unrolled_training_forward_matches_the_runtime_drafter(tiny):
+    """Step 0 / step 1 logits of the trainer's unrolled forward = the runtime drafter's depth-1 / depth-2."""
+    from trtspec.runtime.tree import build_tree
+    from trtspec.train.unroll import unrolled
+
+    out = tiny["root"] / "heads-mtp-single"
+    if not out.exists():
+        module, _ = train(tiny["target"], tiny["cache"], _cfg("mtp-single", steps=5), progress=False)
+        save_heads("mtp-single", module, tiny["target"], out)
+    gen = SpeculativeGenerator(load_spec_model(tiny["dir"], out, tree="chain:2"))
+    d = gen.drafter
+    seq = tiny["cache"].sequence(5)
+    toks = torch.tensor(np.asarray(seq["tokens"]), dtype=torch.long)
+    h = torch.from_numpy(np.asarray(seq["hidden"], dtype=np.float32))
+    n = len(toks)
+    with torch.no_grad():
+        step0 = unrolled(d.module, d.embed.weight, d.lm_head, h[None, : n - 1], [toks[None, 1:]],
+                         torch.zeros(1, dtype=torch.long), torch.ones(1, n - 1, dtype=torch.bool))[0][1][0]
+        first = step0.argmax(-1)
+        res = unrolled(d.module, d.embed.weight, d.lm_head, h[None, : n - 1], [toks[None, 1:], first[None]],
+                       torch.zeros(1, dtype=torch.long), torch.ones(1, n - 1, dtype=torch.bool))
+        q = n - 3
+        d.reset(1, n + 8)
+        d.observe([h[: q + 1]], None, [toks[: q + 1]], [toks[1: q + 2]])
+        assert torch.allclose(d.last_logits[0], step0[q], atol=1e-4)
+        drafts = d.propose(build_tree(((0,), (0, 0))), toks[q + 1: q + 2])
+    assert int(drafts[0, 1]) == int(first[q])
+    assert int(drafts[0, 2]) == int(res[1][1][0, q].argmax())
+
+
+# CLI ---------------------------------------------------------------------------------------------------
+
+def _jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_cli_train_heads_writes_loadable_heads(tiny, tmp_path):
+    data = _jsonl(tmp_path / "d.jsonl", [{"messages": [{"role": "user", "content": f"hello number {i}"}]}
+                                         for i in range(12)] + [{"text": "a plain text sample"}])
+    out = tmp_path / "heads"
+    r = CliRunner().invoke(main, ["train-heads", "-t", str(tiny["dir"]), "-k", "mtp-linear", "-d", str(data),
+                                  "-o", str(out), "--steps", "6", "--gen-tokens", "12", "--batch-tokens", "128",
+                                  "--lm-dtype", "float32", "--no-rmsnorm"])
+    assert r.exit_code == 0, r.output
+    meta = json.loads((out / "trtspec_heads.json").read_text())
+    assert meta["has_rmsnorm"] is False and meta["target"]["fingerprint"] == tiny["target"].fingerprint
+    assert (tmp_path / "heads.cache").is_dir() and (tmp_path / "heads.train" / "checkpoint.pt").is_file()
+    spec = load_spec_model(tiny["dir"], out)
+    assert spec.drafter.kind == "mtp-linear" and "heads.0.norm.weight" not in spec.drafter.tensors
+
+
+@pytest.mark.parametrize("content, distill, message", [
+    ("", "generate", "empty"),
+    ('{"text": "ok"}\n{not json}\n', "generate", "line 2 is not valid JSON"),
+    ('{"prompt": "x"}\n', "generate", "none of 'text', 'messages'"),
+    ('{"text": "ab"}\n{"text": "c"}\n', "teacher", "too short for the heads' horizon"),
+])
+def test_cli_bad_data_gives_a_clear_error(tiny, tmp_path, content, distill, message):
+    data = tmp_path / "bad.jsonl"
+    data.write_text(content)
+    r = CliRunner().invoke(main, ["train-heads", "-t", str(tiny["dir"]), "-k", "medusa", "-d", str(data),
+                                  "-o", str(tmp_path / "h"), "--distill", distill, "--no-chat", "--steps", "1"])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "h").exists()
+
+
+def test_torchrun_trains_with_ddp(tiny, tmp_path):
+    """The same command under torchrun (2 CPU ranks, gloo): per-rank cache parts, DDP, heads written once."""
+    import os
+    import subprocess
+    import sys
+
+    data = _jsonl(tmp_path / "d.jsonl", [{"text": f"sample {i} hello"} for i in range(8)])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "trtspec.cli", "train-heads",
+           "-t", str(tiny["dir"]), "-k", "medusa", "-d", str(data), "-o", str(tmp_path / "h"), "--steps", "4",
+           "--gen-tokens", "8", "--batch-tokens", "64", "--lm-dtype", "float32", "--no-chat"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "h.cache").iterdir()) == ["part-0-of-2", "part-1-of-2"]
+    assert load_spec_model(tiny["dir"], tmp_path / "h").drafter.kind == "medusa"
+
+
+def test_label_vocab_subset_and_generated_only_training(tiny):
+    """The CPU speed path: softmax over the tokens the target used (remapped labels) still learns, and
+    generated-only training sees fewer positions than training on everything."""
+    from trtspec.train.trainer import _Positions, cache_vocab
+
+    vocab = cache_vocab(tiny["cache"])
+    labels = np.unique(np.concatenate([np.asarray(sh.argmax) for sh in tiny["cache"].shards]))
+    assert set(labels.tolist()) <= set(vocab.tolist()) and len(vocab) <= VOCAB
+    module, res = train(tiny["target"], tiny["cache"], _cfg("mtp-linear", label_vocab="cache", soft_weight=0.3),
+                        progress=False)
+    assert np.mean(res.losses[-3:]) < np.mean(res.losses[:3]) - 0.2
+    assert len(_Positions(tiny["cache"], True)) < len(_Positions(tiny["cache"], False))

@@ -1,0 +1,182 @@
+"""CLI: ``trtspec train-heads`` and ``trtspec tune-tree``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from trtspec.checkpoint.errors import UsageError
+from trtspec.train.heads import TRAIN_KINDS
+
+
+def _items(tok, samples, mode: str, chat: bool) -> list[list[int]]:
+    from trtspec.train.data import encode_prompt, encode_text
+
+    if mode == "generate":
+        return [encode_prompt(tok, s, chat) for s in samples]
+    return [encode_text(tok, s) for s in samples]
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+@click.command("train-heads")
+@click.option("--target", "-t", required=True, type=click.Path(path_type=Path), help="Hugging Face target directory.")
+@click.option("--kind", "-k", required=True, type=click.Choice(TRAIN_KINDS), help="Head kind to train.")
+@click.option("--data", "-d", multiple=True, required=True,
+              help="Training data: .jsonl ({text} / {messages} / {conversations}), .json, .txt, or 'chitchat[:N]'. "
+                   "Repeatable.")
+@click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Output heads directory.")
+@click.option("--num-heads", default=3, show_default=True, type=click.IntRange(1, 16),
+              help="Heads (tokens ahead) for medusa / mtp-linear.")
+@click.option("--rmsnorm/--no-rmsnorm", default=True, show_default=True,
+              help="Keep the RMSNorm layers in mtp-linear / mtp-single heads (the ablation switch).")
+@click.option("--cache", "cache_dir", type=click.Path(path_type=Path), default=None,
+              help="Self-distillation cache directory (default: OUT.cache). Reused and resumed across runs.")
+@click.option("--distill", type=click.Choice(["generate", "teacher"]), default="generate", show_default=True,
+              help="generate: the target writes the replies it is trained on; teacher: target labels on the data's tokens.")
+@click.option("--gen-tokens", default=128, show_default=True, type=click.IntRange(2), help="Reply length (generate).")
+@click.option("--topk", default=0, show_default=True, type=click.IntRange(0, 64),
+              help="Also cache the target's top-k logits (soft labels, see --soft-weight).")
+@click.option("--chat/--no-chat", default=True, show_default=True,
+              help="Render data with the tokenizer's chat template, as the server will.")
+@click.option("--max-samples", default=None, type=click.IntRange(1), help="Use only the first N samples.")
+@click.option("--cache-batch", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--epochs", default=1.0, show_default=True, type=click.FloatRange(0.0, min_open=True))
+@click.option("--steps", default=None, type=click.IntRange(1), help="Training steps (overrides --epochs).")
+@click.option("--batch-tokens", default=2048, show_default=True, type=click.IntRange(1))
+@click.option("--lr", default=1e-3, show_default=True, type=float)
+@click.option("--unroll", default=2, show_default=True, type=click.IntRange(1, 8),
+              help="eagle / mtp-single: steps trained per position, feeding back the head's own output.")
+@click.option("--soft-weight", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0),
+              help="Weight of the target's top-k distribution in the loss (needs --topk).")
+@click.option("--train-on", type=click.Choice(["generated", "all"]), default="generated", show_default=True,
+              help="generated: loss only where the target wrote the text (what heads face when serving).")
+@click.option("--label-vocab", type=click.Choice(["full", "cache"]), default="full", show_default=True,
+              help="cache: softmax over the tokens the target used on the data only (much faster on CPU).")
+@click.option("--lm-dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True,
+              help="Dtype of the shared lm_head matmul in the loss.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--resume", is_flag=True, help="Continue from the checkpoint in OUT.train/ (same options).")
+@click.option("--ckpt-every", default=50, show_default=True, type=click.IntRange(0))
+def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, distill, gen_tokens, topk, chat,
+                    max_samples, cache_batch, epochs, steps, batch_tokens, lr, unroll, soft_weight, train_on, label_vocab,
+                    lm_dtype, seed, resume, ckpt_every):
+    """Train draft heads on the target's own outputs (self-distillation) and write them for the loaders.
+
+    The target runs once over the data and its final hidden states and greedy choices go to a
+    memory-mapped, resumable cache; training then never runs the target. Ctrl-C checkpoints; --resume
+    continues bit-identically (same --seed). Under torchrun the same command trains with
+    DistributedDataParallel. Output: trtspec-heads (mtp-*), FasterDecoding Medusa, or SafeAILab EAGLE,
+    with the target's fingerprint.
+    """
+    from trtspec.checkpoint.load import load_tokenizer
+    from trtspec.checkpoint.target import load_hf_causal_lm
+    from trtspec.train.cache import HiddenCache, build_cache
+    from trtspec.train.data import check_lengths, load_samples
+    from trtspec.train.heads import horizon, save_heads
+    from trtspec.train.trainer import TrainConfig, dist_info, train
+
+    tgt = load_hf_causal_lm(target)
+    tok = load_tokenizer(tgt)
+    samples = load_samples(list(data), seed)
+    if max_samples:
+        samples = samples[:max_samples]
+    items = _items(tok, samples, distill, chat)
+    hz = horizon(kind, num_heads, unroll)
+    if distill == "teacher":
+        check_lengths(items, hz)
+    if soft_weight > 0 and topk == 0:
+        raise UsageError("--soft-weight needs --topk > 0 (the cached target distribution)")
+    rank, world, _ = dist_info()
+    cache_dir = cache_dir or out.with_name(out.name + ".cache")
+    build_cache(tgt, items, cache_dir, mode=distill, gen_tokens=gen_tokens, topk=topk, batch_size=cache_batch,
+                rank=rank, world=world)
+    _barrier(world)
+    cache = HiddenCache(cache_dir, tgt.fingerprint, world=world)
+    check_lengths([range(n) for _, _, n in cache.sequences], hz, f"{cache_dir} (cached sequences)")
+    cfg = TrainConfig(kind=kind, num_heads=num_heads, rmsnorm=rmsnorm, unroll=unroll, batch_tokens=batch_tokens,
+                      epochs=epochs, steps=steps, lr=lr, soft_weight=soft_weight, train_on=train_on, label_vocab=label_vocab,
+                      lm_dtype=lm_dtype, seed=seed, ckpt_every=ckpt_every)
+    module, result = train(tgt, cache, cfg, ckpt_dir=out.with_name(out.name + ".train"), resume=resume)
+    if rank == 0:
+        info = {"steps": result.steps, "final_loss": result.final_loss, "step_losses": result.step_losses,
+                "cache_tokens": cache.num_tokens, "distill": distill, "seed": seed}
+        save_heads(kind, module, tgt, out, info, rmsnorm=rmsnorm)
+        click.echo(f"wrote {kind} heads to {out} (loss {result.final_loss:.4f}, {result.steps} steps, "
+                   f"{result.tokens_per_s:.0f} tok/s)")
+    _barrier(world)
+
+
+@click.command("tune-tree")
+@click.option("--target", "-t", required=True, type=click.Path(path_type=Path), help="Hugging Face target directory.")
+@click.option("--heads", "-H", required=True, type=click.Path(path_type=Path), help="Trained heads (any format).")
+@click.option("--heads-format", default=None, help="Heads format; detected when omitted.")
+@click.option("--data", "-d", multiple=True, required=True, help="Calibration data (as for train-heads).")
+@click.option("--nodes", "-n", default="8", show_default=True,
+              help="Node budget(s): N or a comma list; with several, the best measured speed wins.")
+@click.option("--depth", default=None, type=click.IntRange(1, 16), help="Max tree depth (default: heads, or 5).")
+@click.option("--topk", default=8, show_default=True, type=click.IntRange(1, 64), help="Ranks considered per depth.")
+@click.option("--skip", default=0, show_default=True, type=click.IntRange(0),
+              help="Skip the first N samples (e.g. the ones the heads were trained on).")
+@click.option("--calib-samples", default=32, show_default=True, type=click.IntRange(1))
+@click.option("--eval-samples", default=8, show_default=True, type=click.IntRange(0),
+              help="Prompts decoded to measure the acceptance length (0 = skip).")
+@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--gen-tokens", default=96, show_default=True, type=click.IntRange(2))
+@click.option("--cache", "cache_dir", type=click.Path(path_type=Path), default=None,
+              help="Calibration cache directory (default: HEADS.calib).")
+@click.option("--speed/--no-speed", default=True, show_default=True, help="Also time plain vs speculative decoding.")
+@click.option("--out", "-o", type=click.Path(path_type=Path), default=None, help="Write the choices as JSON here.")
+@click.option("--write-heads", is_flag=True, help="Record the tree in trtspec-heads metadata (tree_choices).")
+@click.option("--seed", default=0, show_default=True)
+def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, calib_samples, eval_samples, max_new_tokens,
+                  gen_tokens, cache_dir, speed, out, write_heads, seed):
+    """Measure per-depth top-k acceptance on calibration data and build the static tree that maximises the
+    expected acceptance length for N nodes; print the expected and the measured acceptance length and the
+    choices in Medusa/EAGLE and TensorRT-LLM notation (for --tree, build and the Triton parameters)."""
+    from trtspec.train.data import load_samples
+    from trtspec.train.tune_run import tune
+
+    budgets = _budgets(nodes)
+    samples = load_samples(list(data), seed)[skip:]
+    if not samples:
+        raise UsageError(f"--skip {skip} leaves no calibration samples")
+    calib = samples[:calib_samples]
+    evals = samples[calib_samples:calib_samples + eval_samples] or samples[:eval_samples]
+    report = tune(target, heads, heads_format, calib, evals, budgets, depth=depth, topk=topk,
+                  cache_dir=cache_dir or heads.with_name(heads.name + ".calib"), gen_tokens=gen_tokens,
+                  max_new_tokens=max_new_tokens, speed=speed, echo=click.echo)
+    best = report["best"]
+    click.echo(f"best: {best['nodes']} nodes, expected {best['expected']:.3f}, measured "
+               f"{best.get('measured', float('nan')):.3f}")
+    click.echo(f"choices: {best['choices_json']}")
+    click.echo(f"trtllm:  {best['choices_trtllm']}")
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {out}")
+    if write_heads:
+        from trtspec.train.tune_run import record_tree
+
+        record_tree(heads, best["choices"])
+        click.echo(f"recorded the tree in {heads}")
+
+
+def _budgets(text: str) -> list[int]:
+    try:
+        vals = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--nodes must be an int or a comma list of ints, got {text!r}") from None
+    if not vals or any(v < 1 for v in vals):
+        raise UsageError("--nodes must be >= 1")
+    return vals
+
+
+COMMANDS = [train_heads_cmd, tune_tree_cmd]

@@ -1,0 +1,140 @@
+"""tune-tree end to end: calibration cache -> ranks -> trees per budget -> measured acceptance and speed.
+
+Speed is measured because on a CPU (and on small batches anywhere) every tree node costs target compute
+and every depth a drafter step: the tree with the best expected acceptance length is not always the
+fastest, so with several budgets the one with the best measured tokens/s wins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from trtspec.checkpoint.errors import UsageError
+from trtspec.runtime.tree import build_tree as tree_buffers, format_choices_json, format_choices_trtllm
+from trtspec.train.cache import HiddenCache, build_cache
+from trtspec.train.tune import build_tree, expected_length, measure_ranks, path_probs_from_ranks, per_depth_topk
+
+
+def _default_depth(gen) -> int:
+    d = gen.drafter
+    if d is None:
+        raise UsageError("tune-tree needs heads (--heads)")
+    if d.kind in ("medusa", "mtp-linear"):
+        return len(d.heads.heads)
+    return 5
+
+
+def measure_decode(gen, items: list[list[int]], trees: dict[int, tuple], max_new_tokens: int, eos,
+                   speed: bool = True) -> dict:
+    """Batch-1 greedy decoding of every prompt: plain once, then speculative with each tree, interleaved
+    per prompt so that load changes on a shared machine hit all variants alike."""
+    from trtspec.runtime.generate import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos)
+    plain = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos, speculative=False)
+    acc = {n: {"steps": 0, "accepted": 0, "hist": [], "tokens": 0, "wall": 0.0, "identical": True} for n in trees}
+    base = {"tokens": 0, "wall": 0.0}
+    buffers = {n: tree_buffers(c) for n, c in trees.items()}
+    for p in items:
+        ref = None
+        if speed:
+            r = gen.generate([p], plain)
+            base["tokens"] += r.metrics.new_tokens
+            base["wall"] += r.metrics.wall_s
+            ref = r.tokens
+        for n in trees:
+            gen.tree = buffers[n]
+            r = gen.generate([p], cfg)
+            m = r.metrics
+            a = acc[n]
+            a["steps"] += m.sequence_steps
+            a["accepted"] += m.accepted_draft_tokens
+            a["tokens"] += m.new_tokens
+            a["wall"] += m.wall_s
+            h = m.acceptance_histogram
+            a["hist"] = [x + y for x, y in zip(a["hist"] + [0] * (len(h) - len(a["hist"])),
+                                                h + [0] * (len(a["hist"]) - len(h)))]
+            if ref is not None and r.tokens != ref:
+                a["identical"] = False
+    out = {}
+    plain_tps = base["tokens"] / base["wall"] if base["wall"] else None
+    for n, a in acc.items():
+        steps = max(a["steps"], 1)
+        depth = max((len(c) for c in trees[n]), default=0)
+        per_pos = [sum(a["hist"][d:]) / steps for d in range(1, depth + 1)]
+        tps = a["tokens"] / a["wall"] if a["wall"] else 0.0
+        out[n] = {"measured": (a["accepted"] + a["steps"]) / steps, "per_position": per_pos, "tokens_per_s": tps,
+                  "plain_tokens_per_s": plain_tps, "speedup": tps / plain_tps if plain_tps else None,
+                  "identical_to_plain": a["identical"] if speed else None}
+    return out
+
+
+def tune_on_cache(gen, cache: HiddenCache, eval_items: list[list[int]], budgets: list[int], depth: int | None = None,
+                  topk: int = 8, max_new_tokens: int = 64, speed: bool = True, echo=print) -> dict:
+    """The tuning core, on an already-built calibration cache and a loaded SpeculativeGenerator."""
+    depth = depth or _default_depth(gen)
+    if gen.drafter.kind in ("medusa", "mtp-linear") and depth > len(gen.drafter.heads.heads):
+        raise UsageError(f"--depth {depth} exceeds the {len(gen.drafter.heads.heads)} heads")
+    ranks = measure_ranks(gen.drafter, cache, depth)
+    probs = path_probs_from_ranks(ranks, topk)
+    table = per_depth_topk(ranks, topk)
+    echo(f"per-depth top-{topk} acceptance on {len(ranks)} calibration positions "
+         "(P[rank r at depth d | ancestors hit]):")
+    for d, row in enumerate(table, 1):
+        echo(f"  depth {d}: " + " ".join(f"{x:.3f}" for x in row[:min(topk, 8)]) + f"  (top-{topk} {sum(row):.3f})")
+    trees = {n: build_tree(probs, n) for n in budgets}
+    results = {}
+    measured = measure_decode(gen, eval_items, trees, max_new_tokens, gen.spec.target.arch.eos_token_id, speed) \
+        if eval_items else {}
+    for n, choices in trees.items():
+        row = {"nodes": n, "depth": max((len(c) for c in choices), default=0), "choices": [list(c) for c in choices],
+               "choices_json": format_choices_json(choices), "choices_trtllm": format_choices_trtllm(choices),
+               "expected": expected_length(probs, choices)}
+        row.update(measured.get(n, {}))
+        results[n] = row
+        extra = ""
+        if "measured" in row:
+            extra = f", measured {row['measured']:.3f}"
+            if row.get("speedup"):
+                extra += f", {row['tokens_per_s']:.1f} tok/s = {row['speedup']:.2f}x plain"
+        echo(f"  {n:3d} nodes (depth {row['depth']}): expected acceptance length {row['expected']:.3f}{extra}")
+    key = (lambda r: r.get("speedup") or 0.0) if speed and eval_items else \
+        (lambda r: r.get("measured", r["expected"]))
+    best = max(results.values(), key=key)
+    return {"per_depth_topk": table, "calibration_positions": int(len(ranks)), "budgets": list(results.values()),
+            "best": best}
+
+
+def tune(target, heads, heads_format, calib_samples, eval_samples, budgets, depth=None, topk=8,
+         cache_dir: Path | None = None, gen_tokens: int = 96, max_new_tokens: int = 64, speed: bool = True,
+         echo=print) -> dict:
+    """CLI entry: load target + heads, cache the target's replies to the calibration prompts, tune."""
+    from trtspec.checkpoint.load import load_spec_model, load_tokenizer
+    from trtspec.runtime.generate import SpeculativeGenerator
+    from trtspec.train.data import encode_prompt
+
+    spec = load_spec_model(target, heads, heads_format, tree="chain:1", dtype="float32")
+    gen = SpeculativeGenerator(spec)
+    tok = load_tokenizer(spec.target)
+    calib = [encode_prompt(tok, s) for s in calib_samples]
+    evals = [encode_prompt(tok, s) for s in eval_samples]
+    build_cache(spec.target, calib, cache_dir, mode="generate", gen_tokens=gen_tokens, model=gen.target)
+    cache = HiddenCache(cache_dir, spec.target.fingerprint)
+    return tune_on_cache(gen, cache, evals, budgets, depth, topk, max_new_tokens, speed, echo)
+
+
+def record_tree(heads: Path, choices) -> None:
+    """Store the tuned tree in trtspec-heads metadata, where the loader picks it up as the default tree."""
+    from trtspec.checkpoint.heads.mtp import META_FILE
+
+    meta_path = (heads if heads.is_dir() else heads.parent) / META_FILE
+    if not meta_path.is_file():
+        raise UsageError(f"{heads}: --write-heads needs trtspec-heads (mtp-*); for other formats pass the "
+                         "printed choices with --tree")
+    meta = json.loads(meta_path.read_text())
+    meta["tree_choices"] = [list(c) for c in choices]
+    tmp = meta_path.with_name(meta_path.name + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    os.replace(tmp, meta_path)
