@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from trtspec.checkpoint.heads.eagle import eagle_config
 from trtspec.checkpoint.heads.mtp import save_mtp
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.checkpoint.truncate import write_truncated_draft
@@ -52,17 +53,6 @@ def write_medusa(target: TargetSpec, out: Path, num_heads: int = DEMO_HEADS, see
     return out
 
 
-def _eagle_config(target: TargetSpec, **extra) -> dict:
-    a = target.arch
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": a.hidden_size,
-           "intermediate_size": a.intermediate_size, "num_hidden_layers": 1,
-           "num_attention_heads": a.num_attention_heads, "num_key_value_heads": a.num_key_value_heads,
-           "vocab_size": a.vocab_size, "rms_norm_eps": a.rms_norm_eps, "rope_theta": a.rope_theta,
-           "max_position_embeddings": a.max_position_embeddings, "hidden_act": "silu"}
-    cfg.update(extra)
-    return cfg
-
-
 def write_eagle(target: TargetSpec, out: Path, seed: int = 2) -> Path:
     """SafeAILab EAGLE-1/2 layout: config.json + model.safetensors with fc.* and layers.0.*."""
     head = _init(EagleHead(layer_arch(target.arch), fc_bias=True), seed)
@@ -70,7 +60,7 @@ def write_eagle(target: TargetSpec, out: Path, seed: int = 2) -> Path:
              for k, v in head.state_dict().items() if "inv_freq" not in k}
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(_eagle_config(target, bias=True), indent=2))
+    (out / "config.json").write_text(json.dumps(eagle_config(target, bias=True), indent=2))
     return out
 
 
@@ -86,7 +76,7 @@ def write_eagle3(target: TargetSpec, out: Path, draft_vocab: int = 64, seed: int
     state["t2d"] = t2d
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(_eagle_config(
+    (out / "config.json").write_text(json.dumps(eagle_config(
         target, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=draft_vocab), indent=2))
     return out
 

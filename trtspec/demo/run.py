@@ -15,13 +15,34 @@ DEMO_PROMPTS = ("Hello there!", "Tell me about speculative decoding.", "2 + 2 ="
 KINDS = ("draft-model", "medusa", "mtp-linear", "mtp-single", "eagle", "eagle3")
 
 
-def run_kinds(paths: dict[str, Path], max_new_tokens: int) -> tuple[list[list[object]], bool]:
-    """Plain vs speculative greedy for every kind on the demo prompts (batch of 3)."""
-    rows, all_same = [], True
-    tok = load_tokenizer(load_spec_model(paths["target"]).target)
+#: kinds the demo trains (seconds each) when --train is on; the others keep random weights
+TRAINED_KINDS = ("medusa", "mtp-linear", "mtp-single", "eagle")
+
+
+def demo_prompt_ids(target: Path) -> list[list[int]]:
+    tok = load_tokenizer(load_spec_model(target).target)
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
                for p in DEMO_PROMPTS]
-    ids = [tok(p)["input_ids"] for p in prompts]
+    return [tok(p)["input_ids"] for p in prompts]
+
+
+def train_demo_heads(paths: dict[str, Path], out: Path, ids: list[list[int]], max_new_tokens: int) -> dict[str, Path]:
+    """Self-distil heads on the target's own replies to the demo prompts: a real, seconds-long run of
+    the trainer, so the table shows accepted drafts (on the prompts it saw: the pipeline, not generalisation)."""
+    from trtspec.train.quick import quick_train_heads
+
+    trained = dict(paths)
+    for kind in TRAINED_KINDS:
+        click.echo(f"training {kind} heads on the target's replies to the demo prompts")
+        trained[kind] = quick_train_heads(paths["target"], kind, out / "trained" / kind, prompts=ids,
+                                          gen_tokens=max_new_tokens, steps=60)
+    return trained
+
+
+def run_kinds(paths: dict[str, Path], max_new_tokens: int, trained: bool) -> tuple[list[list[object]], bool]:
+    """Plain vs speculative greedy for every kind on the demo prompts (batch of 3)."""
+    rows, all_same = [], True
+    ids = demo_prompt_ids(paths["target"])
     for kind in KINDS:
         spec = load_spec_model(paths["target"], paths[kind])
         gen = SpeculativeGenerator(spec)
@@ -31,7 +52,8 @@ def run_kinds(paths: dict[str, Path], max_new_tokens: int) -> tuple[list[list[ob
         same = res.tokens == plain.tokens
         all_same &= same
         m = res.metrics
-        rows.append([kind, spec.tree.num_nodes, "yes" if same else "NO", m.mean_acceptance_length,
+        origin = "trained" if trained and kind in TRAINED_KINDS else ("truncated" if kind == "draft-model" else "random")
+        rows.append([kind, origin, spec.tree.num_nodes, "yes" if same else "NO", m.mean_acceptance_length,
                      " ".join(f"{p:.2f}" for p in m.per_position_acceptance[:4]), m.target_steps,
                      plain.metrics.target_steps, plain.metrics.wall_s / max(m.wall_s, 1e-9)])
     return rows, all_same
@@ -42,7 +64,7 @@ def run_build_step(paths: dict[str, Path], out: Path) -> int:
     from trtspec.cli import main
 
     args = ["build", "--target", str(paths["target"]), "--heads", str(paths["medusa"]), "--config", "demo",
-            "--out", str(out), "--allow-no-gpu", "--overwrite", "--no-progress"]
+            "--tree", "chain:3", "--out", str(out), "--allow-no-gpu", "--overwrite", "--no-progress"]
     click.echo("\n$ trtspec " + " ".join(args))
     try:
         main.main(args, standalone_mode=False)
@@ -51,11 +73,13 @@ def run_build_step(paths: dict[str, Path], out: Path) -> int:
     return 0
 
 
-def run_demo(out: Path, max_new_tokens: int) -> int:
+def run_demo(out: Path, max_new_tokens: int, train: bool = True) -> int:
     click.echo(f"building the tiny demo target and heads of every kind in {out}")
     paths = build_demo(out)
-    rows, same = run_kinds(paths, max_new_tokens)
-    click.echo(table(["drafter", "tree nodes", "== greedy", "accept len", "per-position", "steps", "plain steps",
+    if train:
+        paths = train_demo_heads(paths, out, demo_prompt_ids(paths["target"]), max_new_tokens)
+    rows, same = run_kinds(paths, max_new_tokens, train)
+    click.echo(table(["drafter", "heads", "tree nodes", "== greedy", "accept len", "per-position", "steps", "plain steps",
                       "speedup"], rows))
     click.echo("greedy speculative output is token-identical to plain greedy for every kind" if same
                else "MISMATCH: speculative output differs from plain greedy")

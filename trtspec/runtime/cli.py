@@ -118,17 +118,23 @@ def make_draft_cmd(target, layers, out):
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
               help="Where to write the demo models (default: a temporary directory).")
 @click.option("--max-new-tokens", "-n", default=48, show_default=True, type=click.IntRange(1))
-def demo_cmd(out, max_new_tokens):
-    """Build a tiny Llama target and heads of every kind, run each with the reference runtime, print metrics.
+@click.option("--train/--no-train", default=True, show_default=True,
+              help="Self-distil Medusa/MTP/EAGLE heads for a few seconds first (else all heads are random).")
+def demo_cmd(out, max_new_tokens, train):
+    """The embedded demo: tiny target + heads of every kind, reference runtime, then `trtspec build`.
 
-    Nothing is downloaded: the models are random but written and loaded exactly like real checkpoints.
+    Builds a tiny random Llama (with a tokenizer) and heads in every published format, self-distils
+    Medusa/MTP/EAGLE heads on the target's replies for a few seconds, checks each drafter's greedy output
+    is token-identical to plain greedy, prints acceptance metrics, and ends with the main job, `trtspec
+    build --allow-no-gpu` (TensorRT-LLM checkpoint, build plan/script, Triton repository). Nothing is
+    downloaded.
     """
     from trtspec.demo.run import run_demo
 
     if out is None:
         with tempfile.TemporaryDirectory(prefix="trtspec-demo-") as tmp:
-            sys.exit(run_demo(Path(tmp), max_new_tokens))
-    sys.exit(run_demo(out, max_new_tokens))
+            sys.exit(run_demo(Path(tmp), max_new_tokens, train))
+    sys.exit(run_demo(out, max_new_tokens, train))
 
 
 COMMANDS = [generate_cmd, demo_cmd, make_draft_cmd]

@@ -87,10 +87,8 @@ class HeadsDrafter(Drafter):
     def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
         tokens = torch.zeros(root.shape[0], tree.num_nodes, dtype=torch.long)
         tokens[:, 0] = root
-        if tree.num_nodes > 1:
-            logits = self.heads(self.last_hidden, self.lm_head)  # [K, B, V]
-            for d in range(1, tree.max_depth + 1):
-                _fill_depth(tokens, tree, d, logits[d - 1])
+        for d in range(1, tree.max_depth + 1):  # only the heads the tree reaches
+            _fill_depth(tokens, tree, d, self.heads.heads[d - 1](self.last_hidden, self.lm_head).float())
         return tokens
 
 

@@ -8,16 +8,16 @@ FasterDecoding/Medusa for medusa, SafeAILab/EAGLE-1/2 for eagle; each records th
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from trtspec.checkpoint.heads.mtp import save_mtp
 from trtspec.checkpoint.errors import UsageError
+from trtspec.checkpoint.heads.eagle import eagle_config
+from trtspec.checkpoint.heads.mtp import save_mtp
+from trtspec.fsutil import atomic_directory
 from trtspec.models.heads import EagleHead, LinearHeads, MtpSingleHead, layer_arch
 from trtspec.spec import TargetSpec
 
@@ -61,17 +61,6 @@ def _state(module: nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     return {k: v.detach().to(dtype).contiguous().cpu() for k, v in module.state_dict().items() if "inv_freq" not in k}
 
 
-def _atomic_dir(out: Path):
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-
-
 def save_heads(kind: str, module: nn.Module, target: TargetSpec, out: str | Path, info: dict | None = None,
                rmsnorm: bool = True) -> Path:
     """Write trained heads in ``kind``'s published format, in the target's dtype."""
@@ -88,8 +77,9 @@ def save_heads(kind: str, module: nn.Module, target: TargetSpec, out: str | Path
                         rms_norm_eps=a.rms_norm_eps, intermediate_size=arch.intermediate_size,
                         num_attention_heads=arch.num_attention_heads, num_key_value_heads=arch.num_key_value_heads,
                         head_dim=arch.head_dim, training=info)
-    tmp = _atomic_dir(out)
-    try:
+    if kind not in ("medusa", "eagle"):
+        raise UsageError(f"cannot save {kind!r} heads")
+    with atomic_directory(out, overwrite=True) as tmp:
         if kind == "medusa":
             # FasterDecoding layout without per-head lm_heads (Medusa "version 2": the base lm_head is reused).
             state = {}
@@ -100,19 +90,11 @@ def save_heads(kind: str, module: nn.Module, target: TargetSpec, out: str | Path
             cfg = {"medusa_num_heads": len(module.heads), "medusa_num_layers": 1, "version": "2",
                    "base_model_name_or_path": str(target.path), "hidden_size": a.hidden_size,
                    "vocab_size": a.vocab_size, "trtspec_target": fp, "trtspec_training": info}
-        elif kind == "eagle":
-            from trtspec.demo.build import _eagle_config
-
+        else:
             state = {("layers.0." + k[len("layer."):] if k.startswith("layer.") else k): v
                      for k, v in _state(module, dtype).items()}
             save_file(state, str(tmp / "model.safetensors"))
-            cfg = _eagle_config(target, bias=True, torch_dtype=str(dtype).removeprefix("torch."),
-                                trtspec_target=fp, trtspec_training=info)
-        else:
-            raise UsageError(f"cannot save {kind!r} heads")
+            cfg = eagle_config(target, bias=True, torch_dtype=str(dtype).removeprefix("torch."),
+                               trtspec_target=fp, trtspec_training=info)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        _replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -103,3 +103,16 @@ def load_eagle3(path: Path, target: TargetSpec, allow_pickle: bool = False) -> D
               "rms_norm_eps": arch.rms_norm_eps}
     renamed = store.renamed(mapping)
     return DrafterSpec("eagle3", path, renamed, config, arch=arch, dtype=single_dtype(renamed, path))
+
+
+def eagle_config(target: TargetSpec, **extra) -> dict:
+    """The config.json SafeAILab EAGLE heads ship: a one-layer Llama config with the target's widths
+    (written by the trainer and the demo; ``extra`` adds e.g. bias, draft_vocab_size, architectures)."""
+    a = target.arch
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": a.hidden_size,
+           "intermediate_size": a.intermediate_size, "num_hidden_layers": 1,
+           "num_attention_heads": a.num_attention_heads, "num_key_value_heads": a.num_key_value_heads,
+           "vocab_size": a.vocab_size, "rms_norm_eps": a.rms_norm_eps, "rope_theta": a.rope_theta,
+           "max_position_embeddings": a.max_position_embeddings, "hidden_act": "silu"}
+    cfg.update(extra)
+    return cfg
