@@ -55,6 +55,15 @@ class VerifyResult:
     best_path: list[int]
     bonus: list[int]
 
+    def add(self, tree: TreeBuffers, tokens: list[int], accepted: list[int], bonus: int) -> None:
+        """Record one sequence's walk: ``accepted`` node indices (root excluded) and its bonus token."""
+        last = accepted[-1] if accepted else 0
+        self.accepted_len.append(len(accepted))
+        self.tokens.append([tokens[c] for c in accepted] + [bonus])
+        self.keep_nodes.append([0] + accepted)
+        self.best_path.append(_best_path(tree, last, len(accepted)))
+        self.bonus.append(bonus)
+
 
 def _best_path(tree: TreeBuffers, last: int, depth: int) -> int:
     hits = torch.nonzero(tree.paths[:, depth] == last).flatten()
@@ -84,11 +93,7 @@ def verify_greedy(tree: TreeBuffers, draft_tokens: torch.Tensor, target_argmax: 
             acc.append(nxt)
             cur = nxt
         bonus = arg[b][cur]
-        res.accepted_len.append(len(acc))
-        res.tokens.append([tok[b][c] for c in acc] + [bonus])
-        res.keep_nodes.append([0] + acc)
-        res.best_path.append(_best_path(tree, cur, len(acc)))
-        res.bonus.append(bonus)
+        res.add(tree, tok[b], acc, bonus)
     return res
 
 
@@ -123,11 +128,7 @@ def verify_sampling(tree: TreeBuffers, draft_tokens: torch.Tensor, target_probs:
             acc.append(accepted)
             cur = accepted
         bonus = sample_from(p, counter_uniform(seed, b, cur, 1))
-        res.accepted_len.append(len(acc))
-        res.tokens.append([tok[b][c] for c in acc] + [bonus])
-        res.keep_nodes.append([0] + acc)
-        res.best_path.append(_best_path(tree, cur, len(acc)))
-        res.bonus.append(bonus)
+        res.add(tree, tok[b], acc, bonus)
     return res
 
 
