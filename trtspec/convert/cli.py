@@ -100,7 +100,7 @@ def build_cmd(target, heads, heads_format, tree, out, tp_size, pp_size, draft_tp
     from trtspec.convert.core import planned_totals, plan_conversion
     from trtspec.convert.progress import ConvertProgress, summary_table
     from trtspec.engine import presets
-    from trtspec.engine.pipeline import convert_options, run_build
+    from trtspec.engine.pipeline import check_can_build, convert_options, run_build
 
     preset_path, preset_values = presets.load_preset(preset) if preset else (None, {})
     options = presets.merge(preset_values, {
@@ -113,6 +113,7 @@ def build_cmd(target, heads, heads_format, tree, out, tp_size, pp_size, draft_tp
     spec = _load(target, heads, heads_format, options["tree"], options["dtype"], options["tp_size"],
                  options["pp_size"], allow_pickle)
     _, plans = plan_conversion(spec, convert_options(options))
+    check_can_build(allow_no_gpu)
     n, b = planned_totals(plans)
     with ConvertProgress(n, b, enabled=not no_progress) as bar:
         result = run_build(spec, out, options, allow_no_gpu=allow_no_gpu, overwrite=overwrite, on_tensor=bar,

@@ -157,16 +157,23 @@ def emit_triton(spec: SpecModel, root: Path, final_root: Path, options: dict[str
     return emit_repository(spec, runtime, root / "triton_repo", engine_dir, lib, tr_opts)
 
 
+def check_can_build(allow_no_gpu: bool) -> tuple[bool, str]:
+    """Whether engines can be built here (and why not); without --allow-no-gpu, "not" is an error.
+    Called before any work so that a refused build prints nothing but the one error line."""
+    can_build, why = trtllm.available()
+    if not can_build and not allow_no_gpu:
+        raise UsageError(f"cannot build engines here ({why}); pass --allow-no-gpu to write the checkpoint, the "
+                         "build plan and build_engines.sh for a GPU machine with TensorRT-LLM 1.2.x")
+    return can_build, why
+
+
 def run_build(spec: SpecModel, out: str | Path, options: dict[str, Any], allow_no_gpu: bool = False,
               overwrite: bool = False, on_tensor: ProgressFn | None = None, argv: list[str] | None = None,
               inputs: dict[str, Path | None] | None = None) -> BuildResult:
     out = Path(out)
     opts = convert_options(options)
     mode, _ = plan_conversion(spec, opts)  # validate: refuses EAGLE-3, bad TP/PP, unsupported targets
-    can_build, why = trtllm.available()
-    if not can_build and not allow_no_gpu:
-        raise UsageError(f"cannot build engines here ({why}); pass --allow-no-gpu to write the checkpoint, the "
-                         "build plan and build_engines.sh for a GPU machine with TensorRT-LLM 1.2.x")
+    can_build, why = check_can_build(allow_no_gpu)
     notes: list[str] = []
     with atomic_directory(out, overwrite=overwrite) as tmp:
         (tmp / "checkpoint").mkdir()

@@ -127,6 +127,10 @@ def parse_archs(archs) -> list[str]:
     bad = [a for a in items if not _ARCH_RE.match(a)]
     if not items or bad:
         raise UsageError(f"bad CUDA architecture list {archs!r}", fix="use compute capabilities like 80,90,100")
+    old = [a for a in items if int(re.match(r"\d+", a).group()) < 75]
+    if old:
+        raise UsageError(f"CUDA architecture {old[0]} is older than nvcc 13 supports",
+                         fix="use sm_75 or newer, e.g. 80,90,100")
     return list(dict.fromkeys(items))
 
 
