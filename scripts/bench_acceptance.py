@@ -65,6 +65,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--soft-weight", type=float, default=0.3)
     ap.add_argument("--unroll", type=int, default=2)
     ap.add_argument("--nodes", default="2,4,8", help="tree budgets tried per run (best measured speed reported)")
+    ap.add_argument("--draft-vocab", default="0,8192",
+                    help="draft vocabularies tried per run (0 = full; N = the N tokens the target writes most)")
     ap.add_argument("--eval-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--only", choices=["cache", "train", "all"], default="all")
@@ -105,6 +107,15 @@ def main() -> None:
     build_cache(target, calib_items, calib_dir, mode="generate", gen_tokens=args.gen_tokens, batch_size=args.cache_batch)
     calib = HiddenCache(calib_dir, target.fingerprint)
     budgets = [int(x) for x in args.nodes.split(",")]
+    vocabs = [int(x) for x in args.draft_vocab.split(",")]
+    dv = None
+    if max(vocabs) > 0:
+        from trtspec.train.draft_vocab import frequent_tokens
+
+        dv = frequent_tokens(cache, target.arch.vocab_size, max(vocabs))
+        for n in sorted(v for v in vocabs if v):
+            print(f"draft vocabulary {n}: covers {dv_coverage(cache, target, dv.ids[:n]):.2%} of the target's "
+                  f"choices on the training data ({dv.distinct} distinct tokens)", flush=True)
     results = {"target": str(args.target), "cache_tokens": cache.num_tokens, "cache_sequences": len(cache.sequences),
                "calibration_tokens": calib.num_tokens, "eval_prompts": len(eval_items),
                "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(), "runs": {}}
@@ -115,10 +126,23 @@ def main() -> None:
         kind, rms = RUNS[name]
         heads_dir = args.out / "heads" / name
         info = train_run(args, target, cache, name, kind, rms, heads_dir)
+        if dv is not None:  # written after training so reused heads get the current vocabulary too
+            from trtspec.checkpoint.heads.draft_vocab import save_draft_vocab
+
+            save_draft_vocab(heads_dir, dv.ids)
         if args.only == "train":
             continue
-        row = evaluate(args, heads_dir, calib, eval_items, budgets)
-        row.update(kind=kind, rmsnorm=rms, training=info)
+        by_vocab = {}
+        for size in vocabs:
+            print(f"{name}: evaluating with {'the full vocabulary' if not size else f'a {size}-token draft vocabulary'}",
+                  flush=True)
+            by_vocab[size] = evaluate(args, heads_dir, calib, eval_items, budgets, size)
+        best_size = max(by_vocab, key=lambda n: by_vocab[n]["speedup"] or 0.0)
+        row = dict(by_vocab[best_size])
+        row.update(kind=kind, rmsnorm=rms, training=info, draft_vocab=best_size,
+                   by_draft_vocab={str(n): {k: r[k] for k in ("best_nodes", "mean_acceptance_length", "tokens_per_s",
+                                                              "plain_tokens_per_s", "speedup", "identical_to_plain")}
+                                   for n, r in by_vocab.items()})
         results["runs"][name] = row
         results_path.write_text(json.dumps(results, indent=2) + "\n")
         print_table(results)
@@ -126,6 +150,13 @@ def main() -> None:
     results_path.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     print(f"wrote {results_path}")
+
+
+def dv_coverage(cache, target, ids) -> float:
+    from trtspec.train.draft_vocab import target_choice_counts
+
+    counts = target_choice_counts(cache, target.arch.vocab_size)
+    return float(counts[ids.numpy()].sum() / max(counts.sum(), 1))
 
 
 def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
@@ -151,11 +182,11 @@ def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
     return info
 
 
-def evaluate(args, heads_dir: Path, calib, eval_items, budgets) -> dict:
+def evaluate(args, heads_dir: Path, calib, eval_items, budgets, draft_vocab: int = 0) -> dict:
     from trtspec.runtime.generate import SpeculativeGenerator
     from trtspec.train.tune_run import tune_on_cache
 
-    spec = load_spec_model(args.target, heads_dir, tree="chain:1", dtype="float32")
+    spec = load_spec_model(args.target, heads_dir, tree="chain:1", dtype="float32", draft_vocab=draft_vocab)
     gen = SpeculativeGenerator(spec)
     t0 = time.perf_counter()
     rep = tune_on_cache(gen, calib, eval_items, budgets, topk=8, max_new_tokens=args.max_new_tokens, speed=True,
@@ -170,11 +201,12 @@ def evaluate(args, heads_dir: Path, calib, eval_items, budgets) -> dict:
 
 def print_table(results: dict) -> None:
     print()
-    print(f"{'run':<20} {'loss':>7} {'nodes':>5} {'E[AL]':>6} {'AL':>6} {'per-position acceptance':<26} "
+    print(f"{'run':<20} {'loss':>7} {'vocab':>6} {'nodes':>5} {'E[AL]':>6} {'AL':>6} {'per-position acceptance':<26} "
           f"{'spec t/s':>8} {'plain t/s':>9} {'speedup':>7} {'same':>5}")
     for name, r in results["runs"].items():
         pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"])
-        print(f"{name:<20} {r['training']['final_loss']:>7.3f} {r['best_nodes']:>5} {r['expected_acceptance']:>6.2f} "
+        vocab = r.get("draft_vocab") or "full"
+        print(f"{name:<20} {r['training']['final_loss']:>7.3f} {vocab:>6} {r['best_nodes']:>5} {r['expected_acceptance']:>6.2f} "
               f"{r['mean_acceptance_length']:>6.2f} {pp:<26} {r['tokens_per_s']:>8.1f} {r['plain_tokens_per_s']:>9.1f} "
               f"{r['speedup']:>6.2f}x {str(r['identical_to_plain']):>5}")
     print(flush=True)

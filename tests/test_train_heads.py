@@ -178,13 +178,14 @@ def test_cli_train_heads_writes_loadable_heads(tiny, tmp_path):
     out = tmp_path / "heads"
     r = CliRunner().invoke(main, ["train-heads", "-t", str(tiny["dir"]), "-k", "mtp-linear", "-d", str(data),
                                   "-o", str(out), "--steps", "6", "--gen-tokens", "12", "--batch-tokens", "128",
-                                  "--lm-dtype", "float32", "--no-rmsnorm"])
+                                  "--lm-dtype", "float32", "--no-rmsnorm", "--draft-vocab", "20"])
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "trtspec_heads.json").read_text())
     assert meta["has_rmsnorm"] is False and meta["target"]["fingerprint"] == tiny["target"].fingerprint
     assert (tmp_path / "heads.cache").is_dir() and (tmp_path / "heads.train" / "checkpoint.pt").is_file()
     spec = load_spec_model(tiny["dir"], out)
     assert spec.drafter.kind == "mtp-linear" and "heads.0.norm.weight" not in spec.drafter.tensors
+    assert "covering" in r.output and 0 < spec.drafter.draft_vocab.numel() <= 20
 
 
 @pytest.mark.parametrize("content, distill, message", [

@@ -103,6 +103,7 @@ class DrafterSpec:
     arch: LlamaArch | None = None
     dtype: torch.dtype = torch.float32
     tokenizer_path: Path | None = None
+    draft_vocab: torch.Tensor | None = None  # target ids the drafter may propose (None = all); see heads/draft_vocab
 
     @property
     def num_heads(self) -> int:
@@ -156,6 +157,8 @@ class SpecModel:
     def describe(self) -> str:
         a = self.target.arch
         d = self.drafter.kind if self.drafter else "none"
+        if self.drafter is not None and self.drafter.draft_vocab is not None:
+            d += f" (draft vocab {self.drafter.draft_vocab.numel()})"
         return (f"target {a.model_type} {a.num_hidden_layers}L h{a.hidden_size} v{a.vocab_size} "
                 f"({self.target.path}), drafter {d}, tree {self.tree.num_nodes} nodes depth {self.tree.depth}, "
                 f"dtype {str(self.dtype).removeprefix('torch.')}, tp{self.parallel.tp_size} pp{self.parallel.pp_size}")

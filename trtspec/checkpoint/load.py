@@ -9,6 +9,7 @@ import torch
 
 from trtspec.checkpoint.errors import CheckpointError, UsageError
 from trtspec.checkpoint.heads.draft_model import load_draft_model
+from trtspec.checkpoint.heads.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_path, load_draft_vocab
 from trtspec.checkpoint.heads.eagle import load_eagle, load_eagle3
 from trtspec.checkpoint.heads.medusa import WEIGHT_FILES as MEDUSA_FILES, load_medusa, looks_like_medusa
 from trtspec.checkpoint.heads.mtp import META_FILE, load_mtp
@@ -43,7 +44,8 @@ def detect_heads_format(path: Path) -> str:
     if "Eagle3" in archs or "draft_vocab_size" in cfg:
         return "eagle3"
     keys: list[str] = []
-    st = [path] if path.is_file() and path.suffix == ".safetensors" else sorted(directory.glob("*.safetensors"))
+    st = [path] if path.is_file() and path.suffix == ".safetensors" else sorted(
+        f for f in directory.glob("*.safetensors") if f.name != DRAFT_VOCAB_FILE)
     for f in st[:1]:
         keys = list(read_safetensors_header(f))
     if any(k.startswith("midlayer.") for k in keys):
@@ -59,7 +61,9 @@ def detect_heads_format(path: Path) -> str:
 
 
 def load_drafter(path: str | Path, target: TargetSpec, heads_format: str | None = None,
-                 allow_pickle: bool = False) -> DrafterSpec:
+                 allow_pickle: bool = False, draft_vocab: int | None = None) -> DrafterSpec:
+    """The heads at ``path`` in any format; ``draft_vocab``: None = the heads' own draft vocabulary if
+    they carry one, 0 = the full vocabulary, N = its N most frequent tokens."""
     path = Path(path)
     fmt = heads_format or detect_heads_format(path)
     if fmt not in HEAD_FORMATS:
@@ -71,6 +75,12 @@ def load_drafter(path: str | Path, target: TargetSpec, heads_format: str | None 
     drafter = loaders[fmt](path, target, allow_pickle=allow_pickle)
     if heads_format and drafter.kind != heads_format:
         raise CheckpointError(f"--heads-format {heads_format} but the files hold {drafter.kind} heads", path)
+    if drafter.kind == "eagle3":
+        if draft_vocab or (draft_vocab is None and draft_vocab_path(drafter.path).is_file()):
+            raise CheckpointError(f"EAGLE-3 heads carry their own draft vocabulary (d2t); remove {DRAFT_VOCAB_FILE}",
+                                  drafter.path, "or pass --draft-vocab 0")
+        return drafter
+    drafter.draft_vocab = load_draft_vocab(drafter.path, target.arch.vocab_size, draft_vocab)
     return drafter
 
 
@@ -95,10 +105,10 @@ def resolve_tree(tree, drafter: DrafterSpec | None) -> TreeSpec:
 
 def load_spec_model(target: str | Path, heads: str | Path | None = None, heads_format: str | None = None,
                     tree=None, dtype: str | torch.dtype | None = None, tp_size: int = 1, pp_size: int = 1,
-                    allow_pickle: bool = False) -> SpecModel:
+                    allow_pickle: bool = False, draft_vocab: int | None = None) -> SpecModel:
     """Load + validate everything once; the result is what every later stage takes."""
     tgt = load_hf_causal_lm(target, allow_pickle=allow_pickle)
-    drafter = load_drafter(heads, tgt, heads_format, allow_pickle) if heads is not None else None
+    drafter = load_drafter(heads, tgt, heads_format, allow_pickle, draft_vocab) if heads is not None else None
     if isinstance(dtype, str):
         if dtype not in DTYPES:
             raise UsageError(f"unknown dtype {dtype!r}; choose one of {', '.join(sorted(DTYPES))}")

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from trtspec.checkpoint.errors import CheckpointError
+from trtspec.checkpoint.heads.draft_vocab import DRAFT_VOCAB_FILE
 from trtspec.checkpoint.tensors import TensorStore
 from trtspec.spec import LlamaArch, TargetSpec
 
@@ -123,7 +124,7 @@ def find_safetensors(directory: Path, allow_pickle: bool = False) -> tuple[list[
                                       "download every shard the index lists")
             files.append(shard)
         return files, {}
-    files = sorted(directory.glob("*.safetensors"))
+    files = sorted(f for f in directory.glob("*.safetensors") if f.name != DRAFT_VOCAB_FILE)  # a side file, not weights
     if files:
         return files, {}
     pickles = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)

@@ -15,6 +15,8 @@ from trtspec.checkpoint.load import HEAD_FORMATS, load_spec_model, load_tokenize
 TREE_HELP = ("Static draft tree as choices, e.g. '[[0],[0,0],[1]]' (Medusa/EAGLE notation), "
              "TensorRT-LLM's '{0}, {0, 0}, {1}', or 'chain:N'. Default: the heads' tuned tree if recorded, "
              "else a 24-node depth-6 tree.")
+DRAFT_VOCAB_HELP = ("Draft over the N most frequent tokens of the heads' draft_vocab.safetensors (0 = the full "
+                    "vocabulary). Default: the whole file when the heads carry one.")
 
 
 def model_options(f):
@@ -58,9 +60,10 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True))
 @click.option("--seed", default=0, show_default=True)
 @click.option("--compare", is_flag=True, help="Also run plain decoding and report the speedup.")
+@click.option("--draft-vocab", default=None, type=click.IntRange(0), help=DRAFT_VOCAB_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print metrics as JSON.")
 def generate_cmd(target, heads, heads_format, tree, dtype, allow_pickle, prompt, chat, max_new_tokens,
-                 temperature, top_k, top_p, seed, compare, as_json):
+                 temperature, top_k, top_p, seed, compare, draft_vocab, as_json):
     """Generate with the PyTorch reference runtime (CPU) and print the text and acceptance metrics.
 
     Greedy speculative output is token-identical to plain greedy decoding; with --temperature > 0 the
@@ -70,7 +73,7 @@ def generate_cmd(target, heads, heads_format, tree, dtype, allow_pickle, prompt,
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
     from trtspec.runtime.report import metrics_lines
 
-    spec = load_spec_model(target, heads, heads_format, tree, dtype, allow_pickle=allow_pickle)
+    spec = load_spec_model(target, heads, heads_format, tree, dtype, allow_pickle=allow_pickle, draft_vocab=draft_vocab)
     tok = load_tokenizer(spec.target)
     prompts = [encode_prompt(tok, p, chat) for p in prompt]
     gen = SpeculativeGenerator(spec)

@@ -73,8 +73,9 @@ class Drafter:
 
 
 class HeadsDrafter(Drafter):
-    def __init__(self, heads: LinearHeads, lm_head: torch.Tensor, kind: str):
-        self.heads, self.lm_head, self.kind = heads, lm_head, kind
+    def __init__(self, heads: LinearHeads, lm_head: torch.Tensor, kind: str, draft_vocab: torch.Tensor | None = None):
+        self.heads, self.lm_head, self.kind, self.draft_vocab = heads, lm_head, kind, draft_vocab
+        self.id_map = (lambda idx: draft_vocab[idx]) if draft_vocab is not None else None
         self.last_hidden: torch.Tensor | None = None
 
     def reset(self, batch: int, capacity: int) -> None:
@@ -88,7 +89,7 @@ class HeadsDrafter(Drafter):
         tokens = torch.zeros(root.shape[0], tree.num_nodes, dtype=torch.long)
         tokens[:, 0] = root
         for d in range(1, tree.max_depth + 1):  # only the heads the tree reaches
-            _fill_depth(tokens, tree, d, self.heads.heads[d - 1](self.last_hidden, self.lm_head).float())
+            _fill_depth(tokens, tree, d, self.heads.heads[d - 1](self.last_hidden, self.lm_head).float(), self.id_map)
         return tokens
 
 
@@ -96,11 +97,13 @@ class RecurrentDrafter(Drafter):
     """Shared by EAGLE-1/2, EAGLE-3, mtp-single (pair drafters) and a separate draft model."""
 
     def __init__(self, kind: str, module: nn.Module, embed: nn.Embedding | None, lm_head: torch.Tensor | None,
-                 aux_layers: tuple[int, ...] = ()):
+                 aux_layers: tuple[int, ...] = (), draft_vocab: torch.Tensor | None = None):
         self.kind, self.module, self.embed, self.lm_head = kind, module, embed, lm_head
-        self.aux_layers = aux_layers
+        self.aux_layers, self.draft_vocab = aux_layers, draft_vocab
         self.is_draft_model = isinstance(module, LlamaModel)
         self.id_map = module.to_target_ids if isinstance(module, Eagle3Head) else None
+        if draft_vocab is not None:
+            self.id_map = lambda idx: draft_vocab[idx]
 
     def reset(self, batch: int, capacity: int) -> None:
         self.cache = self.module.new_cache(batch, capacity)
@@ -176,17 +179,31 @@ class RecurrentDrafter(Drafter):
         return tokens
 
 
+def restrict_rows(weight: torch.Tensor, draft_vocab: torch.Tensor | None) -> torch.Tensor:
+    """The rows of a vocabulary projection the drafter may propose (a contiguous copy: one matmul, no gather)."""
+    return weight if draft_vocab is None else weight[draft_vocab].contiguous()
+
+
 def build_drafter(drafter: DrafterSpec, target: LlamaModel, dtype: torch.dtype) -> Drafter:
-    """The runtime drafter for a DrafterSpec, sharing the target's embedding and lm_head."""
+    """The runtime drafter for a DrafterSpec, sharing the target's embedding and lm_head (restricted to the
+    drafter's draft vocabulary when it has one; the target's own lm_head is never touched)."""
     cfg = drafter.config
-    lm_head = target.lm_head.weight
+    dv = drafter.draft_vocab
+    lm_head = restrict_rows(target.lm_head.weight.detach(), dv)
     if drafter.kind in ("medusa", "mtp-linear"):
         heads = LinearHeads(int(cfg["num_heads"]), int(cfg["hidden_size"]), target.arch.vocab_size,
                             int(cfg.get("num_layers", 1)), has_norm=drafter.kind == "mtp-linear" and bool(cfg.get("has_rmsnorm", True)),
                             eps=float(cfg.get("rms_norm_eps", 1e-6)), own_lm_head=bool(cfg.get("own_lm_head", False)))
-        return HeadsDrafter(load_module(heads, drafter, dtype), lm_head, drafter.kind)
+        heads = load_module(heads, drafter, dtype)
+        for head in heads.heads:
+            if head.lm_head is not None and dv is not None:
+                head.lm_head.weight = nn.Parameter(restrict_rows(head.lm_head.weight.detach(), dv), requires_grad=False)
+        return HeadsDrafter(heads, lm_head, drafter.kind, dv)
     if drafter.kind == "draft-model":
-        return RecurrentDrafter("draft-model", build_llama(drafter.arch, drafter.tensors, dtype), None, None)
+        model = build_llama(drafter.arch, drafter.tensors, dtype)
+        if dv is not None:  # a new Parameter: a tied embedding keeps the full vocabulary
+            model.lm_head.weight = nn.Parameter(restrict_rows(model.lm_head.weight.detach(), dv), requires_grad=False)
+        return RecurrentDrafter("draft-model", model, None, None, draft_vocab=dv)
     if drafter.kind == "mtp-single":
         module = MtpSingleHead(drafter.arch, has_rmsnorm=bool(cfg.get("has_rmsnorm", True)))
     elif drafter.kind == "eagle":
@@ -200,4 +217,4 @@ def build_drafter(drafter: DrafterSpec, target: LlamaModel, dtype: torch.dtype) 
     if "embed_tokens.weight" in drafter.tensors:
         embed = nn.Embedding.from_pretrained(drafter.tensors.load("embed_tokens.weight").to(dtype))
     aux = tuple(cfg.get("aux_layers", ())) if drafter.kind == "eagle3" else ()
-    return RecurrentDrafter(drafter.kind, module, embed, lm_head, aux)
+    return RecurrentDrafter(drafter.kind, module, embed, lm_head, aux, draft_vocab=dv)

@@ -62,12 +62,16 @@ def _barrier(world: int) -> None:
               help="cache: softmax over the tokens the target used on the data only (much faster on CPU).")
 @click.option("--lm-dtype", type=click.Choice(["bfloat16", "float32"]), default="bfloat16", show_default=True,
               help="Dtype of the shared lm_head matmul in the loss.")
+@click.option("--draft-vocab", default=0, show_default=True, type=click.IntRange(0),
+              help="Also write draft_vocab.safetensors: the N tokens the target writes most often on the data. "
+                   "The reference runtime then drafts over those N only (faster drafting, still lossless); "
+                   "0 = draft over the full vocabulary.")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in OUT.train/ (same options).")
 @click.option("--ckpt-every", default=50, show_default=True, type=click.IntRange(0))
 def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, distill, gen_tokens, topk, chat,
                     max_samples, cache_batch, epochs, steps, batch_tokens, lr, unroll, soft_weight, train_on, label_vocab,
-                    lm_dtype, seed, resume, ckpt_every):
+                    lm_dtype, draft_vocab, seed, resume, ckpt_every):
     """Train draft heads on the target's own outputs (self-distillation) and write them for the loaders.
 
     The target runs once over the data and its final hidden states and greedy choices go to a
@@ -111,6 +115,14 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
         save_heads(kind, module, tgt, out, info, rmsnorm=rmsnorm)
         click.echo(f"wrote {kind} heads to {out} (loss {result.final_loss:.4f}, {result.steps} steps, "
                    f"{result.tokens_per_s:.0f} tok/s)")
+        if draft_vocab:
+            from trtspec.checkpoint.heads.draft_vocab import save_draft_vocab
+            from trtspec.train.draft_vocab import frequent_tokens
+
+            dv = frequent_tokens(cache, tgt.arch.vocab_size, draft_vocab)
+            f = save_draft_vocab(out, dv.ids)
+            click.echo(f"wrote {f}: {dv.ids.numel()} of {tgt.arch.vocab_size} tokens, covering {dv.coverage:.1%} of "
+                       f"the target's choices on the data ({dv.distinct} distinct)")
     _barrier(world)
 
 
@@ -135,9 +147,11 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
 @click.option("--speed/--no-speed", default=True, show_default=True, help="Also time plain vs speculative decoding.")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None, help="Write the choices as JSON here.")
 @click.option("--write-heads", is_flag=True, help="Record the tree in trtspec-heads metadata (tree_choices).")
+@click.option("--draft-vocab", default=None, type=click.IntRange(0),
+              help="Tune with the N most frequent tokens of the heads' draft vocabulary (0 = full vocabulary).")
 @click.option("--seed", default=0, show_default=True)
 def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, calib_samples, eval_samples, max_new_tokens,
-                  gen_tokens, cache_dir, speed, out, write_heads, seed):
+                  gen_tokens, cache_dir, speed, out, write_heads, draft_vocab, seed):
     """Measure per-depth top-k acceptance on calibration data and build the static tree that maximises the
     expected acceptance length for N nodes; print the expected and the measured acceptance length and the
     choices in Medusa/EAGLE and TensorRT-LLM notation (for --tree, build and the Triton parameters)."""
@@ -152,7 +166,7 @@ def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, c
     evals = samples[calib_samples:calib_samples + eval_samples] or samples[:eval_samples]
     report = tune(target, heads, heads_format, calib, evals, budgets, depth=depth, topk=topk,
                   cache_dir=cache_dir or heads.with_name(heads.name + ".calib"), gen_tokens=gen_tokens,
-                  max_new_tokens=max_new_tokens, speed=speed, echo=click.echo)
+                  max_new_tokens=max_new_tokens, speed=speed, echo=click.echo, draft_vocab=draft_vocab)
     best = report["best"]
     click.echo(f"best: {best['nodes']} nodes, expected {best['expected']:.3f}, measured "
                f"{best.get('measured', float('nan')):.3f}")

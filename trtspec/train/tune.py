@@ -108,10 +108,20 @@ def _rank(z: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor, chunk: i
 def measure_ranks(drafter, cache: HiddenCache, depth: int, max_positions: int = 20000) -> np.ndarray:
     """[n, depth] true-token ranks per calibration position for a runtime Drafter (HeadsDrafter or a
     pair RecurrentDrafter) on a cache of the target's own text (positions of the target's replies only)."""
+    from trtspec.checkpoint.heads.draft_vocab import to_draft_index
     from trtspec.runtime.drafters import HeadsDrafter
 
     rows = []
     total = 0
+    dv = getattr(drafter, "draft_vocab", None)
+    inv = None if dv is None else to_draft_index(dv, int(cache.meta.get("vocab_size") or 0) or int(dv.max()) + 1)
+
+    def in_draft_vocab(labels: torch.Tensor) -> torch.Tensor:
+        """Labels as draft-vocabulary indices (the logits' columns); a token outside it is a miss (-1)."""
+        if inv is None:
+            return labels
+        ok = (labels >= 0) & (labels < inv.numel())
+        return torch.where(ok, inv[labels.clamp(0, inv.numel() - 1)], torch.full_like(labels, -1))
     for i in range(len(cache.sequences)):
         seq = cache.sequence(i)
         n = len(seq["tokens"])
@@ -134,7 +144,7 @@ def measure_ranks(drafter, cache: HiddenCache, depth: int, max_positions: int = 
                 for block in head.res:
                     z = block(z)
                 w = head.lm_head.weight if head.lm_head is not None else lm
-                ranks[:, k] = _rank(z, w, lab)
+                ranks[:, k] = _rank(z, w, in_draft_vocab(lab))
         else:
             module = drafter.module
             dtype = next(module.parameters()).dtype
@@ -148,7 +158,7 @@ def measure_ranks(drafter, cache: HiddenCache, depth: int, max_positions: int = 
             res = unrolled(module, drafter.embed.weight, eye, h[None, : n - 1].to(dtype), tokens,
                            torch.zeros(1, dtype=torch.long), torch.ones(1, n - 1, dtype=torch.bool))
             for s, (_, z) in enumerate(res):
-                ranks[:, s] = _rank(z[0], drafter.lm_head, labels[s])
+                ranks[:, s] = _rank(z[0], drafter.lm_head, in_draft_vocab(labels[s]))
         first = max(cache.prompt_lengths[i] - 1, 0)  # only where the target wrote the text, as when serving
         rows.append(ranks.numpy()[first:])
         total += n - 1 - first

@@ -109,13 +109,13 @@ def tune_on_cache(gen, cache: HiddenCache, eval_items: list[list[int]], budgets:
 
 def tune(target, heads, heads_format, calib_samples, eval_samples, budgets, depth=None, topk=8,
          cache_dir: Path | None = None, gen_tokens: int = 96, max_new_tokens: int = 64, speed: bool = True,
-         echo=print) -> dict:
+         echo=print, draft_vocab: int | None = None) -> dict:
     """CLI entry: load target + heads, cache the target's replies to the calibration prompts, tune."""
     from trtspec.checkpoint.load import load_spec_model, load_tokenizer
     from trtspec.runtime.generate import SpeculativeGenerator
     from trtspec.train.data import encode_prompt
 
-    spec = load_spec_model(target, heads, heads_format, tree="chain:1", dtype="float32")
+    spec = load_spec_model(target, heads, heads_format, tree="chain:1", dtype="float32", draft_vocab=draft_vocab)
     gen = SpeculativeGenerator(spec)
     tok = load_tokenizer(spec.target)
     calib = [encode_prompt(tok, s) for s in calib_samples]

@@ -1,0 +1,47 @@
+"""Choose a draft vocabulary from the self-distillation cache: the tokens the target itself writes.
+
+The drafter's job is to guess the target's next tokens, so the counts that matter are the target's own
+greedy choices where it writes the reply (not the prompt's tokens). The N most frequent of them form the
+vocabulary (see ``checkpoint/heads/draft_vocab`` for why and how it is used); the coverage printed is the
+share of the target's choices on the data that the drafter can still propose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trtspec.checkpoint.errors import UsageError
+from trtspec.train.cache import HiddenCache
+
+
+@dataclass(frozen=True)
+class DraftVocab:
+    ids: torch.Tensor  # int64 [N], most frequent first
+    coverage: float  # fraction of the target's choices (generated positions) inside ``ids``
+    distinct: int  # distinct tokens the target chose on the data
+
+
+def target_choice_counts(cache: HiddenCache, vocab_size: int) -> np.ndarray:
+    """How often the target chose each token where it wrote the text (positions q >= prompt_length - 1)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for i, plen in enumerate(cache.prompt_lengths):
+        am = np.asarray(cache.sequence(i)["argmax"][max(plen - 1, 0):], dtype=np.int64)
+        counts += np.bincount(am[(am >= 0) & (am < vocab_size)], minlength=vocab_size)
+    return counts
+
+
+def frequent_tokens(cache: HiddenCache, vocab_size: int, size: int) -> DraftVocab:
+    """The ``size`` tokens the target chose most often (ties by id); never tokens it did not choose."""
+    if size < 1:
+        raise UsageError(f"--draft-vocab must be >= 1, got {size}")
+    counts = target_choice_counts(cache, vocab_size)
+    total = int(counts.sum())
+    if total == 0:
+        raise UsageError(f"{cache.dir}: the cache holds no target-written positions to count")
+    order = np.lexsort((np.arange(vocab_size), -counts))  # by count descending, then id
+    distinct = int((counts > 0).sum())
+    ids = order[: min(size, distinct)]
+    return DraftVocab(torch.from_numpy(ids.astype(np.int64)), float(counts[ids].sum()) / total, distinct)
