@@ -170,3 +170,23 @@ def test_bad_parallel_options_fail_before_writing(root):
     with pytest.raises(UsageError, match="not divisible"):
         convert(spec, root / "bad2", ConvertOptions(tp_size=3))
     assert not (root / "bad1").exists() and not (root / "bad2").exists()
+
+
+def test_draft_vocabulary_is_recorded_not_exported(root, caplog):
+    """Engines draft over the full vocabulary: the rank files are the same with or without it."""
+    import json
+    from dataclasses import replace
+
+    from trtspec.convert.core import META_FILE
+
+    spec = make_spec(root / "mtp-single-dv", "mtp-single")
+    plain_out, dv_out = root / "dv-plain", root / "dv-subset"
+    convert(spec, plain_out, ConvertOptions(tp_size=1))
+    with_dv = replace(spec, drafter=replace(spec.drafter, draft_vocab=torch.arange(7)))
+    with caplog.at_level("WARNING", logger="trtspec"):
+        convert(with_dv, dv_out, ConvertOptions(tp_size=1))
+    assert "7-token draft vocabulary is used by the reference runtime only" in caplog.text
+    a, b = read_ranks(plain_out, 1)[0], read_ranks(dv_out, 1)[0]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((dv_out / META_FILE).read_text())["source"]["draft_vocab_not_exported"] == 7
+    assert json.loads((plain_out / META_FILE).read_text())["source"]["draft_vocab_not_exported"] is None

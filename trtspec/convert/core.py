@@ -10,6 +10,7 @@ temporary directory next to ``out`` that is renamed only when everything has bee
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import time
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from trtspec.convert.config import check_config
 from trtspec.convert.modes import CheckpointPlan, ConvertOptions, ExportMode, select_mode
 from trtspec.convert.writer import PlannedTensor, StreamingSafetensorsWriter, atomic_directory
 from trtspec.spec import SpecModel
+
+log = logging.getLogger("trtspec")
 
 #: Written next to config.json: what trtspec did, for the build plan and for humans (TensorRT-LLM ignores it).
 META_FILE = "trtspec_convert.json"
@@ -149,8 +152,15 @@ def _write_checkpoint(plan: CheckpointPlan, directory: Path, spec: SpecModel, mo
         "model_cls": plan.model_cls, "needs_plugin": mode.needs_plugin, "tree_choices": [list(c) for c in
                                                                                        spec.tree.choices],
         "source": {"target": str(spec.target.path), "target_fingerprint": spec.target.fingerprint,
-                   "drafter": str(spec.drafter.path) if spec.drafter else None},
+                   "drafter": str(spec.drafter.path) if spec.drafter else None,
+                   # reference-runtime only: the engine drafts over the full vocabulary (a superset, lossless)
+                   "draft_vocab_not_exported": _draft_vocab_size(spec)},
     }, indent=2) + "\n")
+
+
+def _draft_vocab_size(spec: SpecModel) -> int | None:
+    dv = spec.drafter.draft_vocab if spec.drafter is not None else None
+    return None if dv is None else int(dv.numel())
 
 
 def planned_totals(plans: list[CheckpointPlan]) -> tuple[int, int]:
@@ -167,6 +177,10 @@ def convert_into(spec: SpecModel, directory: Path, opts: ConvertOptions,
                  on_tensor: ProgressFn | None = None) -> ConvertResult:
     """Write the checkpoint(s) into an existing (temporary) directory; the caller renames it."""
     mode, plans = plan_conversion(spec, opts)
+    if _draft_vocab_size(spec):
+        log.warning("%s: the %d-token draft vocabulary is used by the reference runtime only; TensorRT-LLM drafts "
+                    "over the full vocabulary (same output, the drafter's lm_head is not reduced)",
+                    spec.drafter.path, _draft_vocab_size(spec))
     result = ConvertResult(Path(directory), mode.kind, mode, plans)
     t0 = time.perf_counter()
     for plan in plans:
