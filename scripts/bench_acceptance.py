@@ -114,7 +114,7 @@ def main() -> None:
 
         dv = frequent_tokens(cache, target.arch.vocab_size, max(vocabs))
         for n in sorted(v for v in vocabs if v):
-            print(f"draft vocabulary {n}: covers {dv_coverage(cache, target, dv.ids[:n]):.2%} of the target's "
+            print(f"draft vocabulary {n}: covers {dv.coverage_of(n):.2%} of the target's "
                   f"choices on the training data ({dv.distinct} distinct tokens)", flush=True)
     results = {"target": str(args.target), "cache_tokens": cache.num_tokens, "cache_sequences": len(cache.sequences),
                "calibration_tokens": calib.num_tokens, "eval_prompts": len(eval_items),
@@ -150,13 +150,6 @@ def main() -> None:
     results_path.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
     print(f"wrote {results_path}")
-
-
-def dv_coverage(cache, target, ids) -> float:
-    from trtspec.train.draft_vocab import target_choice_counts
-
-    counts = target_choice_counts(cache, target.arch.vocab_size)
-    return float(counts[ids.numpy()].sum() / max(counts.sum(), 1))
 
 
 def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:

@@ -140,6 +140,7 @@ def test_frequent_tokens_are_the_targets_own_choices(demo_cache):
     top = sorted(range(DEMO_VOCAB), key=lambda t: (-counts[t], t))[:5]
     assert dv.ids.tolist() == top
     assert dv.coverage == pytest.approx(counts[top].sum() / counts.sum())
+    assert dv.coverage_of(2) == pytest.approx(counts[top[:2]].sum() / counts.sum())
     assert dv.distinct == int((counts > 0).sum())
     everything = frequent_tokens(cache, DEMO_VOCAB, DEMO_VOCAB)
     assert everything.ids.numel() == dv.distinct and everything.coverage == 1.0

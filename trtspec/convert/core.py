@@ -177,10 +177,11 @@ def convert_into(spec: SpecModel, directory: Path, opts: ConvertOptions,
                  on_tensor: ProgressFn | None = None) -> ConvertResult:
     """Write the checkpoint(s) into an existing (temporary) directory; the caller renames it."""
     mode, plans = plan_conversion(spec, opts)
-    if _draft_vocab_size(spec):
+    dropped = _draft_vocab_size(spec)
+    if dropped:
         log.warning("%s: the %d-token draft vocabulary is used by the reference runtime only; TensorRT-LLM drafts "
                     "over the full vocabulary (same output, the drafter's lm_head is not reduced)",
-                    spec.drafter.path, _draft_vocab_size(spec))
+                    spec.drafter.path, dropped)
     result = ConvertResult(Path(directory), mode.kind, mode, plans)
     t0 = time.perf_counter()
     for plan in plans:

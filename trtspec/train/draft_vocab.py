@@ -22,6 +22,11 @@ class DraftVocab:
     ids: torch.Tensor  # int64 [N], most frequent first
     coverage: float  # fraction of the target's choices (generated positions) inside ``ids``
     distinct: int  # distinct tokens the target chose on the data
+    cumulative: np.ndarray  # cumulative[n - 1] = coverage of the first n ids
+
+    def coverage_of(self, n: int) -> float:
+        """Coverage of the vocabulary's first ``n`` entries (what ``--draft-vocab n`` keeps)."""
+        return float(self.cumulative[min(n, len(self.cumulative)) - 1])
 
 
 def target_choice_counts(cache: HiddenCache, vocab_size: int) -> np.ndarray:
@@ -44,4 +49,5 @@ def frequent_tokens(cache: HiddenCache, vocab_size: int, size: int) -> DraftVoca
     order = np.lexsort((np.arange(vocab_size), -counts))  # by count descending, then id
     distinct = int((counts > 0).sum())
     ids = order[: min(size, distinct)]
-    return DraftVocab(torch.from_numpy(ids.astype(np.int64)), float(counts[ids].sum()) / total, distinct)
+    cumulative = np.cumsum(counts[ids]) / total
+    return DraftVocab(torch.from_numpy(ids.astype(np.int64)), float(cumulative[-1]), distinct, cumulative)

@@ -114,14 +114,13 @@ def measure_ranks(drafter, cache: HiddenCache, depth: int, max_positions: int = 
     rows = []
     total = 0
     dv = getattr(drafter, "draft_vocab", None)
-    inv = None if dv is None else to_draft_index(dv, int(cache.meta.get("vocab_size") or 0) or int(dv.max()) + 1)
+    inv = None if dv is None else to_draft_index(dv, int(cache.meta["vocab_size"]))
 
     def in_draft_vocab(labels: torch.Tensor) -> torch.Tensor:
         """Labels as draft-vocabulary indices (the logits' columns); a token outside it is a miss (-1)."""
         if inv is None:
             return labels
-        ok = (labels >= 0) & (labels < inv.numel())
-        return torch.where(ok, inv[labels.clamp(0, inv.numel() - 1)], torch.full_like(labels, -1))
+        return torch.where(labels >= 0, inv[labels.clamp_min(0)], torch.full_like(labels, -1))
     for i in range(len(cache.sequences)):
         seq = cache.sequence(i)
         n = len(seq["tokens"])
