@@ -72,6 +72,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--only", choices=["cache", "train", "all"], default="all")
     ap.add_argument("--retrain", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="dtype both plain and speculative decoding run in (bfloat16 needs a CPU with native bf16 "
+                         "matmul, e.g. AVX512-BF16/AMX, to be fast)")
     return ap.parse_args()
 
 
@@ -96,7 +99,7 @@ def main() -> None:
     t0 = time.perf_counter()
     cache_dir = args.out / "cache"
     build_cache(target, train_items, cache_dir, mode="generate", gen_tokens=args.gen_tokens, topk=args.topk,
-                batch_size=args.cache_batch)
+                batch_size=args.cache_batch, dtype=args.dtype)
     cache = HiddenCache(cache_dir, target.fingerprint)
     print(f"cache: {len(cache.sequences)} sequences, {cache.num_tokens} tokens ({time.perf_counter() - t0:.0f} s)",
           flush=True)
@@ -104,7 +107,8 @@ def main() -> None:
         return
     calib_items, eval_items = held_items[: len(held_items) - args.eval_prompts], held_items[-args.eval_prompts:]
     calib_dir = args.out / "calib"
-    build_cache(target, calib_items, calib_dir, mode="generate", gen_tokens=args.gen_tokens, batch_size=args.cache_batch)
+    build_cache(target, calib_items, calib_dir, mode="generate", gen_tokens=args.gen_tokens, batch_size=args.cache_batch,
+                dtype=args.dtype)
     calib = HiddenCache(calib_dir, target.fingerprint)
     budgets = [int(x) for x in args.nodes.split(",")]
     vocabs = [int(x) for x in args.draft_vocab.split(",")]
@@ -118,7 +122,8 @@ def main() -> None:
                   f"choices on the training data ({dv.distinct} distinct tokens)", flush=True)
     results = {"target": str(args.target), "cache_tokens": cache.num_tokens, "cache_sequences": len(cache.sequences),
                "calibration_tokens": calib.num_tokens, "eval_prompts": len(eval_items),
-               "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(), "runs": {}}
+               "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(), "dtype": args.dtype,
+               "runs": {}}
     results_path = args.out / "results.json"
     if results_path.is_file():
         results["runs"] = json.loads(results_path.read_text()).get("runs", {})
@@ -180,7 +185,7 @@ def evaluate(args, heads_dir: Path, calib, eval_items, budgets, draft_vocab: int
     from trtspec.train.tune_run import tune_on_cache
 
     spec = load_spec_model(args.target, heads_dir, tree="chain:1", dtype="float32", draft_vocab=draft_vocab)
-    gen = SpeculativeGenerator(spec)
+    gen = SpeculativeGenerator(spec, dtype=getattr(torch, args.dtype))
     t0 = time.perf_counter()
     rep = tune_on_cache(gen, calib, eval_items, budgets, topk=8, max_new_tokens=args.max_new_tokens, speed=True,
                         echo=lambda s: print(s, flush=True))

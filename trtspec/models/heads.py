@@ -15,6 +15,12 @@ from trtspec.models.llama import DecoderLayer, KVCache, RMSNorm, Rotary, attenti
 from trtspec.spec import LlamaArch
 
 
+def project(z: torch.Tensor, lm_head: torch.Tensor | nn.Module) -> torch.Tensor:
+    """Vocabulary projection by a shared lm_head: a weight tensor [V, H], or a module holding one (the
+    runtime's pre-packed projection, models.packed)."""
+    return lm_head(z) if isinstance(lm_head, nn.Module) else F.linear(z, lm_head)
+
+
 class ResBlock(nn.Linear):
     """Medusa's block: z + SiLU(W z + b). A Linear subclass so its tensors are ``res.{l}.weight|bias``."""
 
@@ -36,8 +42,7 @@ class LinearHead(nn.Module):
         z = self.norm(h) if self.norm is not None else h
         for block in self.res:
             z = block(z)
-        w = self.lm_head.weight if self.lm_head is not None else shared_lm_head
-        return F.linear(z, w)
+        return project(z, self.lm_head if self.lm_head is not None else shared_lm_head)
 
 
 class LinearHeads(nn.Module):
@@ -106,7 +111,7 @@ class MtpSingleHead(_RecurrentHead):
 
     def head_logits(self, out: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
         z = self.norm(out) if self.norm is not None else out
-        return F.linear(z, lm_head).float()
+        return project(z, lm_head).float()
 
 
 class EagleHead(_RecurrentHead):
@@ -125,7 +130,7 @@ class EagleHead(_RecurrentHead):
         return self.run_layer(self.fc(torch.cat([emb, h], dim=-1)), positions, cache, new_mask)
 
     def head_logits(self, out: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
-        return F.linear(out, lm_head).float()
+        return project(out, lm_head).float()
 
 
 class Eagle3Head(_RecurrentHead):

@@ -139,6 +139,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(in_dim, self.n_kv * d, bias=arch.attention_bias)
         self.v_proj = nn.Linear(in_dim, self.n_kv * d, bias=arch.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * d, H, bias=False)
+        self.qkv: nn.Module | None = None  # fused q/k/v projection, installed by models.packed for inference
         if arch.qk_norm:
             self.q_norm = RMSNorm(d, arch.rms_norm_eps)
             self.k_norm = RMSNorm(d, arch.rms_norm_eps)
@@ -148,9 +149,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
                 mask: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).split(self.qkv.split_sizes, dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(B, T, self.n_heads, self.head_dim)
+        k = k.reshape(B, T, self.n_kv, self.head_dim)
+        v = v.reshape(B, T, self.n_kv, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         c, s = cos[:, :, None, :], sin[:, :, None, :]
@@ -175,9 +180,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(H, I, bias=arch.mlp_bias)
         self.up_proj = nn.Linear(H, I, bias=arch.mlp_bias)
         self.down_proj = nn.Linear(I, H, bias=arch.mlp_bias)
+        self.gate_up: nn.Module | None = None  # fused gate/up projection, installed by models.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):

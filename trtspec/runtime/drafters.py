@@ -71,10 +71,20 @@ class Drafter:
     def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def pack(self) -> None:
+        """Pre-pack the drafter's matmuls and vocabulary projection (bfloat16 CPU inference, models.packed).
+        ``lm_head`` stays the plain weight (tree tuning reads it); ``projection`` is what proposing calls."""
+        from trtspec.models.packed import pack_module, pack_projection
+
+        pack_module(self.module)
+        if self.lm_head is not None:
+            self.projection = pack_projection(self.lm_head)
+
 
 class HeadsDrafter(Drafter):
     def __init__(self, heads: LinearHeads, lm_head: torch.Tensor, kind: str, draft_vocab: torch.Tensor | None = None):
         self.heads, self.lm_head, self.kind, self.draft_vocab = heads, lm_head, kind, draft_vocab
+        self.module, self.projection = heads, lm_head
         self.id_map = (lambda idx: draft_vocab[idx]) if draft_vocab is not None else None
         self.last_hidden: torch.Tensor | None = None
 
@@ -89,7 +99,7 @@ class HeadsDrafter(Drafter):
         tokens = torch.zeros(root.shape[0], tree.num_nodes, dtype=torch.long)
         tokens[:, 0] = root
         for d in range(1, tree.max_depth + 1):  # only the heads the tree reaches
-            _fill_depth(tokens, tree, d, self.heads.heads[d - 1](self.last_hidden, self.lm_head).float(), self.id_map)
+            _fill_depth(tokens, tree, d, self.heads.heads[d - 1](self.last_hidden, self.projection).float(), self.id_map)
         return tokens
 
 
@@ -99,6 +109,7 @@ class RecurrentDrafter(Drafter):
     def __init__(self, kind: str, module: nn.Module, embed: nn.Embedding | None, lm_head: torch.Tensor | None,
                  aux_layers: tuple[int, ...] = (), draft_vocab: torch.Tensor | None = None):
         self.kind, self.module, self.embed, self.lm_head = kind, module, embed, lm_head
+        self.projection = lm_head
         self.aux_layers, self.draft_vocab = aux_layers, draft_vocab
         self.is_draft_model = isinstance(module, LlamaModel)
         self.id_map = module.to_target_ids if isinstance(module, Eagle3Head) else None
@@ -125,7 +136,7 @@ class RecurrentDrafter(Drafter):
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
         if self.is_draft_model:
             return self.module.logits(out)
-        return self.module.head_logits(out, self.lm_head)
+        return self.module.head_logits(out, self.projection)
 
     @torch.no_grad()
     def observe(self, hidden, aux, tokens_in, tokens_next) -> None:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from trtspec.models.llama import build_llama, causal_mask
+from trtspec.models.packed import pack_if_bf16
 from trtspec.runtime.drafters import Drafter, _pad, build_drafter
 from trtspec.runtime.tree import TreeBuffers, build_tree
 from trtspec.runtime.verify import process_logits, verify_greedy, verify_sampling
@@ -107,6 +108,9 @@ class SpeculativeGenerator:
     """Holds the target and drafter modules (built once from a SpecModel) and runs the loop."""
 
     def __init__(self, spec: SpecModel, device: str = "cpu", dtype: torch.dtype | None = None):
+        """``dtype`` defaults to float32 on a CPU (the exact oracle) and to the checkpoint's elsewhere. In
+        bfloat16 on a CPU with oneDNN bfloat16 kernels the target's and drafter's matmuls are pre-packed
+        (models.packed): a tree then costs the target about what one token does."""
         self.spec = spec
         self.dtype = dtype or (torch.float32 if device == "cpu" and spec.dtype != torch.float64 else spec.dtype)
         self.target = build_llama(spec.target.arch, spec.target.tensors, self.dtype).to(device)
@@ -114,6 +118,9 @@ class SpeculativeGenerator:
         self.drafter: Drafter | None = None
         if spec.drafter is not None:
             self.drafter = build_drafter(spec.drafter, self.target, self.dtype)
+        self.packed = pack_if_bf16(self.target, self.dtype, device)
+        if self.packed and self.drafter is not None:
+            self.drafter.pack()
         self.tree: TreeBuffers = build_tree(spec.tree.choices)
         self.plain_tree: TreeBuffers = build_tree(())
         self.last_metrics = SpecMetrics()

@@ -1,0 +1,67 @@
+"""Pre-packed bfloat16 CPU inference (models.packed): the same math as the plain bfloat16 modules, and
+speculative greedy still equals plain greedy when both run packed."""
+
+import pytest
+import torch
+
+from trtspec.checkpoint.load import load_spec_model
+from trtspec.checkpoint.target import load_hf_causal_lm
+from trtspec.models.llama import MLP, Attention, build_llama, causal_mask
+from trtspec.models.packed import PackedLinear, pack_module, packing_supported
+from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
+
+pytestmark = pytest.mark.skipif(not packing_supported(),
+                                reason="this CPU or torch build has no oneDNN bfloat16 linear kernels")
+
+KINDS = ["draft-model", "medusa", "mtp-linear", "mtp-single", "eagle", "eagle3"]
+PROMPTS = [[1, 40, 50, 60, 70], [1, 7], [5, 6, 7, 8, 9, 10, 11, 12], [3]]
+
+
+def test_packed_linear_matches_fused_reference():
+    torch.manual_seed(0)
+    parts = [torch.nn.Linear(32, n, bias=b).to(torch.bfloat16) for n, b in ((24, True), (8, False), (8, True))]
+    fused = PackedLinear(parts)
+    x = torch.randn(2, 5, 32).to(torch.bfloat16)
+    out = fused(x)
+    assert out.shape == (2, 5, 40) and fused.split_sizes == [24, 8, 8]
+    ref = torch.cat([p(x) for p in parts], -1)
+    assert torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2), (out.float() - ref.float()).abs().max()
+
+
+def test_packed_target_matches_plain_bfloat16(demo_paths):
+    target = load_hf_causal_lm(demo_paths["target"])
+    plain = build_llama(target.arch, target.tensors, torch.bfloat16)
+    packed = build_llama(target.arch, target.tensors, torch.bfloat16)
+    n = pack_module(packed)
+    layers = target.arch.num_hidden_layers
+    assert n == 4 * layers + 1  # qkv, o, gate_up, down per layer + lm_head
+    assert all(m.qkv is not None for m in packed.modules() if isinstance(m, Attention))
+    assert all(m.gate_up is not None for m in packed.modules() if isinstance(m, MLP))
+    assert not any(type(m) is torch.nn.Linear for m in packed.modules())
+    ids = torch.randint(0, target.arch.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(12)[None].expand(2, -1)
+    with torch.no_grad():
+        a, _ = plain(ids, pos, plain.new_cache(2, 16), causal_mask(12))
+        b, _ = packed(ids, pos, packed.new_cache(2, 16), causal_mask(12))
+        la, lb = plain.logits(a), packed.logits(b)
+    assert lb.dtype == torch.float32
+    assert (la - lb).abs().max() < 0.1 * la.abs().max()
+    assert (la.argmax(-1) == lb.argmax(-1)).float().mean() >= 0.9
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tree", ["chain:3", None])
+def test_packed_speculative_greedy_equals_plain(demo_paths, kind, tree):
+    spec = load_spec_model(demo_paths["target"], demo_paths[kind], tree=tree)
+    gen = SpeculativeGenerator(spec, dtype=torch.bfloat16)
+    assert gen.packed
+    plain = gen.generate(PROMPTS, GenerationConfig(max_new_tokens=24, speculative=False))
+    res = gen.generate(PROMPTS, GenerationConfig(max_new_tokens=24))
+    assert res.tokens == plain.tokens
+    assert res.metrics.draft_tokens > 0 and res.metrics.target_steps <= plain.metrics.target_steps
+
+
+def test_float32_is_never_packed(demo_paths):
+    gen = SpeculativeGenerator(load_spec_model(demo_paths["target"], demo_paths["mtp-single"]))
+    assert not gen.packed
+    assert any(type(m) is torch.nn.Linear for m in gen.target.modules())

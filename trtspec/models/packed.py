@@ -1,0 +1,103 @@
+"""Pre-packed bfloat16 linears for CPU inference (oneDNN; AMX/AVX512-BF16 where the CPU has them).
+
+Why: a decode step of a small model on a CPU is a few hundred small matmuls. ``F.linear`` in bfloat16
+re-lays the weight out for oneDNN on every call (a fixed ~35-70 us per call, more than the math), and
+fp32 GEMM cost grows with the number of rows, so verifying a tree of 9 tokens costs far more than one
+token. Packing every weight once into oneDNN's blocked layout makes a call cost nearly the same for 1
+and for 17 rows, which is what speculative decoding needs: the target verifies a whole tree for about
+the price of one token, as on a GPU. Attention q/k/v and the MLP gate/up are fused into one matmul
+each (fewer calls, the same math).
+
+Only inference modules are packed (the runtime's target and drafters); training keeps ``nn.Linear``.
+Where the CPU or the torch build lacks bfloat16 oneDNN kernels, ``packing_supported`` says so and the
+callers keep the plain modules.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+
+@functools.lru_cache(maxsize=1)
+def packing_supported() -> bool:
+    """True when this torch build and CPU run oneDNN bfloat16 linears on pre-packed weights."""
+    try:
+        if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        w = torch.randn(8, 16).to(torch.bfloat16)
+        x = torch.randn(3, 16).to(torch.bfloat16)
+        y = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, 1), None, "none", [], "")
+        return bool(torch.allclose(y.float(), (x.float() @ w.float().t()), atol=0.1, rtol=0.05))
+    except (RuntimeError, AttributeError):
+        return False
+
+
+class PackedLinear(nn.Module):
+    """y = x W^T + b with W held in oneDNN's packed layout. Several linears on the same input may be fused
+    (their weights stacked); ``forward`` then returns the stacked output and ``split_sizes`` its parts.
+    ``weight`` keeps the plain tensor for code that reads it (the drafters share the target's lm_head)."""
+
+    def __init__(self, linears: list[nn.Linear]):
+        super().__init__()
+        weight = torch.cat([m.weight.detach() for m in linears]).to(torch.bfloat16).contiguous()
+        biases = [m.bias for m in linears]
+        if any(b is not None for b in biases):
+            bias = torch.cat([b.detach() if b is not None else weight.new_zeros(m.out_features)
+                              for b, m in zip(biases, linears)]).to(torch.bfloat16)
+        else:
+            bias = None
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.split_sizes = [m.out_features for m in linears]
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("bias", bias, persistent=False)
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, 1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed,
+                                               self.bias, "none", [], "")
+        return y.view(*lead, self.out_features)
+
+
+def pack_module(module: nn.Module) -> int:
+    """Replace, in place, every plain ``nn.Linear`` under ``module`` by a PackedLinear, fusing attention
+    q/k/v (``Attention.qkv``) and MLP gate/up (``MLP.gate_up``). The module must already be bfloat16 and
+    in eval mode. Returns the number of matmuls per forward that were packed."""
+    from trtspec.models.llama import MLP, Attention
+
+    count = 0
+    for sub in list(module.modules()):
+        if isinstance(sub, Attention) and sub.qkv is None:
+            sub.qkv = PackedLinear([sub.q_proj, sub.k_proj, sub.v_proj])
+            sub.o_proj = PackedLinear([sub.o_proj])
+            del sub.q_proj, sub.k_proj, sub.v_proj
+            count += 2
+        elif isinstance(sub, MLP) and sub.gate_up is None:
+            sub.gate_up = PackedLinear([sub.gate_proj, sub.up_proj])
+            sub.down_proj = PackedLinear([sub.down_proj])
+            del sub.gate_proj, sub.up_proj
+            count += 2
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:  # subclasses (Medusa's ResBlock) have their own forward
+                setattr(parent, name, PackedLinear([child]))
+                count += 1
+    return count
+
+
+def pack_projection(weight: torch.Tensor) -> PackedLinear:
+    """A vocabulary projection (an lm_head weight [V, H]) as a packed callable."""
+    lin = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    lin.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    return PackedLinear([lin])
+
+
+def pack_if_bf16(module: nn.Module, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
+    """Pack ``module`` when it runs in bfloat16 on a CPU that supports it; returns whether it did."""
+    if dtype != torch.bfloat16 or torch.device(device).type != "cpu" or not packing_supported():
+        return False
+    pack_module(module)
+    return True
