@@ -49,11 +49,15 @@ def _fill_depth(tokens: torch.Tensor, tree: TreeBuffers, depth: int, parent_logi
     """Write the tokens of every node at ``depth``: rank r of its parent's top-k.
     parent_logits [B, N+1, V] indexed by parent node (or [B, V] shared by all parents)."""
     nodes = tree.nodes_at_depth(depth)
-    k = int(tree.ranks[nodes].max()) + 1
+    ranks, parents = tree.ranks.tolist(), tree.parents.tolist()
+    k = max(ranks[n] for n in nodes) + 1
+    tops: dict[int, torch.Tensor] = {}  # one top-k per parent (or one in all when shared)
     for n in nodes:
-        p = int(tree.parents[n])
-        logits = parent_logits if parent_logits.dim() == 2 else parent_logits[:, p]
-        top = torch.topk(logits, k, dim=-1).indices[:, int(tree.ranks[n])]
+        p = parents[n] if parent_logits.dim() == 3 else -1
+        if p not in tops:
+            logits = parent_logits if p < 0 else parent_logits[:, p]
+            tops[p] = torch.topk(logits, k, dim=-1).indices
+        top = tops[p][:, ranks[n]]
         tokens[:, n] = id_map(top) if id_map is not None else top
 
 
@@ -175,7 +179,7 @@ class RecurrentDrafter(Drafter):
             feats = self.last_out.new_zeros(B, N1, self.last_out.shape[-1])
             feats[:, 0] = self.last_out
         for d in range(2, tree.max_depth + 1):
-            M = len([n for n in range(1, N1) if int(tree.depths[n]) <= d - 1])  # nodes 1..M (sorted by depth)
+            M = tree.count_up_to_depth(d - 1)  # nodes 1..M (sorted by depth)
             nodes = torch.arange(1, M + 1)
             parent_feats = feats[:, tree.parents[nodes]] if feats is not None else None
             mask = tree.mask[1:M + 1, 1:M + 1][None]

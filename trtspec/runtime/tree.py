@@ -8,6 +8,7 @@ sorted by (depth, path), so parents always come before children and siblings are
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from dataclasses import dataclass
 
@@ -46,11 +47,27 @@ class TreeBuffers:
     def max_depth(self) -> int:
         return int(self.depths.max())
 
+    # Index lists as plain Python, computed once per tree: the runtime asks for them every step, and on a
+    # CPU a tensor scan per question costs more than the small draft forwards it schedules.
+    @functools.cached_property
+    def child_lists(self) -> tuple[tuple[int, ...], ...]:
+        parents = self.parents.tolist()
+        return tuple(tuple(c for c in range(1, len(parents)) if parents[c] == n) for n in range(len(parents)))
+
+    @functools.cached_property
+    def _by_depth(self) -> tuple[tuple[int, ...], ...]:
+        depths = self.depths.tolist()
+        return tuple(tuple(n for n, d in enumerate(depths) if d == k) for k in range(max(depths) + 1))
+
     def children(self, node: int) -> list[int]:
-        return [int(c) for c in torch.nonzero(self.parents == node).flatten()]
+        return list(self.child_lists[node])
 
     def nodes_at_depth(self, depth: int) -> list[int]:
-        return [int(c) for c in torch.nonzero(self.depths == depth).flatten()]
+        return list(self._by_depth[depth]) if 0 <= depth < len(self._by_depth) else []
+
+    def count_up_to_depth(self, depth: int) -> int:
+        """How many non-root nodes have depth <= ``depth`` (they are nodes 1..count: sorted by depth)."""
+        return sum(len(self._by_depth[k]) for k in range(1, min(depth, len(self._by_depth) - 1) + 1))
 
     def max_rank_at_depth(self) -> list[int]:
         """For each depth d >= 1, how many top-k candidates that depth needs (max rank + 1)."""

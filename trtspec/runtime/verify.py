@@ -70,17 +70,10 @@ def _best_path(tree: TreeBuffers, last: int, depth: int) -> int:
     return int(hits[0])
 
 
-def _children(tree: TreeBuffers) -> list[list[int]]:
-    kids: list[list[int]] = [[] for _ in range(tree.num_nodes)]
-    for n in range(1, tree.num_nodes):
-        kids[int(tree.parents[n])].append(n)
-    return kids
-
-
 def verify_greedy(tree: TreeBuffers, draft_tokens: torch.Tensor, target_argmax: torch.Tensor) -> VerifyResult:
     """draft_tokens [B, N+1] (index 0 = root token), target_argmax [B, N+1]: the target's argmax after
     each node."""
-    kids = _children(tree)
+    kids = tree.child_lists
     tok = draft_tokens.tolist()
     arg = target_argmax.tolist()
     res = VerifyResult([], [], [], [], [])
@@ -108,7 +101,7 @@ def verify_sampling(tree: TreeBuffers, draft_tokens: torch.Tensor, target_probs:
                     seed: int) -> VerifyResult:
     """target_probs [B, N+1, V]: the target's (temperature/top-k/top-p processed) distribution after
     each node. Lossless rejection sampling as described in the module docstring."""
-    kids = _children(tree)
+    kids = tree.child_lists
     tok = draft_tokens.tolist()
     res = VerifyResult([], [], [], [], [])
     for b in range(len(tok)):
