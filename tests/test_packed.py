@@ -65,3 +65,28 @@ def test_float32_is_never_packed(demo_paths):
     gen = SpeculativeGenerator(load_spec_model(demo_paths["target"], demo_paths["mtp-single"]))
     assert not gen.packed
     assert any(type(m) is torch.nn.Linear for m in gen.target.modules())
+
+
+def test_generate_cli_honours_bfloat16(demo_paths, monkeypatch):
+    """``generate --dtype bfloat16`` runs the packed path (the CPU runtime used to fall back to float32)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+    from trtspec.runtime import generate as gen_mod
+
+    made = []
+    real_init = gen_mod.SpeculativeGenerator.__init__
+
+    def spy(self, *a, **k):
+        real_init(self, *a, **k)
+        made.append(self)
+
+    monkeypatch.setattr(gen_mod.SpeculativeGenerator, "__init__", spy)
+    r = CliRunner().invoke(main, ["generate", "-t", str(demo_paths["target"]), "-H", str(demo_paths["mtp-single"]),
+                                  "-p", "hello", "-n", "12", "--dtype", "bfloat16", "--compare", "--json"])
+    assert r.exit_code == 0, r.output
+    assert made and made[0].dtype == torch.bfloat16 and made[0].packed
+    out = json.loads(r.output[r.output.index('{\n  "speculative"'):])
+    assert out["identical"] is True

@@ -48,6 +48,9 @@ def _barrier(world: int) -> None:
               help="Render data with the tokenizer's chat template, as the server will.")
 @click.option("--max-samples", default=None, type=click.IntRange(1), help="Use only the first N samples.")
 @click.option("--cache-batch", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--cache-dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
+              help="Dtype the target runs in while caching. auto: bfloat16 where the CPU has oneDNN bfloat16 "
+                   "kernels (about 3x faster, and the labels are what a bfloat16 deployment says), else float32.")
 @click.option("--epochs", default=1.0, show_default=True, type=click.FloatRange(0.0, min_open=True))
 @click.option("--steps", default=None, type=click.IntRange(1), help="Training steps (overrides --epochs).")
 @click.option("--batch-tokens", default=2048, show_default=True, type=click.IntRange(1))
@@ -70,7 +73,7 @@ def _barrier(world: int) -> None:
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in OUT.train/ (same options).")
 @click.option("--ckpt-every", default=50, show_default=True, type=click.IntRange(0))
 def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, distill, gen_tokens, topk, chat,
-                    max_samples, cache_batch, epochs, steps, batch_tokens, lr, unroll, soft_weight, train_on, label_vocab,
+                    max_samples, cache_batch, cache_dtype, epochs, steps, batch_tokens, lr, unroll, soft_weight, train_on, label_vocab,
                     lm_dtype, draft_vocab, seed, resume, ckpt_every):
     """Train draft heads on the target's own outputs (self-distillation) and write them for the loaders.
 
@@ -101,7 +104,7 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
     rank, world, _ = dist_info()
     cache_dir = cache_dir or out.with_name(out.name + ".cache")
     build_cache(tgt, items, cache_dir, mode=distill, gen_tokens=gen_tokens, topk=topk, batch_size=cache_batch,
-                rank=rank, world=world)
+                rank=rank, world=world, dtype=resolve_dtype(cache_dtype))
     _barrier(world)
     cache = HiddenCache(cache_dir, tgt.fingerprint, world=world)
     check_lengths([range(n) for _, _, n in cache.sequences], hz, f"{cache_dir} (cached sequences)")
@@ -149,9 +152,12 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
 @click.option("--write-heads", is_flag=True, help="Record the tree in trtspec-heads metadata (tree_choices).")
 @click.option("--draft-vocab", default=None, type=click.IntRange(0),
               help="Tune with the N most frequent tokens of the heads' draft vocabulary (0 = full vocabulary).")
+@click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="float32", show_default=True,
+              help="Dtype of the calibration cache and of the timed decoding (auto: bfloat16 where the CPU has "
+                   "oneDNN bfloat16 kernels). Time in the dtype you will serve in.")
 @click.option("--seed", default=0, show_default=True)
 def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, calib_samples, eval_samples, max_new_tokens,
-                  gen_tokens, cache_dir, speed, out, write_heads, draft_vocab, seed):
+                  gen_tokens, cache_dir, speed, out, write_heads, draft_vocab, dtype, seed):
     """Measure per-depth top-k acceptance on calibration data and build the static tree that maximises the
     expected acceptance length for N nodes; print the expected and the measured acceptance length and the
     choices in Medusa/EAGLE and TensorRT-LLM notation (for --tree, build and the Triton parameters)."""
@@ -166,7 +172,8 @@ def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, c
     evals = samples[calib_samples:calib_samples + eval_samples] or samples[:eval_samples]
     report = tune(target, heads, heads_format, calib, evals, budgets, depth=depth, topk=topk,
                   cache_dir=cache_dir or heads.with_name(heads.name + ".calib"), gen_tokens=gen_tokens,
-                  max_new_tokens=max_new_tokens, speed=speed, echo=click.echo, draft_vocab=draft_vocab)
+                  max_new_tokens=max_new_tokens, speed=speed, echo=click.echo, draft_vocab=draft_vocab,
+                  dtype=resolve_dtype(dtype))
     best = report["best"]
     click.echo(f"best: {best['nodes']} nodes, expected {best['expected']:.3f}, measured "
                f"{best.get('measured', float('nan')):.3f}")
@@ -181,6 +188,15 @@ def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, c
 
         record_tree(heads, best["choices"])
         click.echo(f"recorded the tree in {heads}")
+
+
+def resolve_dtype(name: str) -> str:
+    """``auto`` -> bfloat16 where pre-packed oneDNN bfloat16 kernels run (models.packed), else float32."""
+    if name != "auto":
+        return name
+    from trtspec.models.packed import packing_supported
+
+    return "bfloat16" if packing_supported() else "float32"
 
 
 def _budgets(text: str) -> list[int]:
