@@ -10,7 +10,7 @@ writes it as JSON (``<out>/results.json``).
 Every stage is resumable: the cache resumes shard by shard, trained heads are reused when their
 directory exists (``--retrain`` to redo). Prepare the model first: ``python scripts/prepare_smollm2.py``.
 
-    python scripts/bench_acceptance.py                 # the full run (~30 min on 2 cores)
+    python scripts/bench_acceptance.py                 # the full run (about an hour on 2 cores)
     python scripts/bench_acceptance.py --kinds mtp-single --nodes 4,8
 """
 
@@ -72,10 +72,14 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--only", choices=["cache", "train", "all"], default="all")
     ap.add_argument("--retrain", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                    help="dtype both plain and speculative decoding run in (bfloat16 needs a CPU with native bf16 "
-                         "matmul, e.g. AVX512-BF16/AMX, to be fast)")
-    return ap.parse_args()
+    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                    help="dtype of the cache and of both plain and speculative decoding (auto: bfloat16 with "
+                         "pre-packed oneDNN kernels where the CPU has AVX512-BF16/AMX, else float32)")
+    args = ap.parse_args()
+    from trtspec.train.cli import resolve_dtype
+
+    args.dtype = resolve_dtype(args.dtype)
+    return args
 
 
 def prepare(args):
@@ -125,8 +129,7 @@ def main() -> None:
                "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(), "dtype": args.dtype,
                "runs": {}}
     results_path = args.out / "results.json"
-    if results_path.is_file():
-        results["runs"] = json.loads(results_path.read_text()).get("runs", {})
+    merge_runs(results_path, results)
     for name in [r for r in args.runs.split(",") if r]:
         kind, rms = RUNS[name]
         heads_dir = args.out / "heads" / name
@@ -148,13 +151,29 @@ def main() -> None:
                    by_draft_vocab={str(n): {k: r[k] for k in ("best_nodes", "mean_acceptance_length", "tokens_per_s",
                                                               "plain_tokens_per_s", "speedup", "identical_to_plain")}
                                    for n, r in by_vocab.items()})
+        merge_runs(results_path, results)  # keep rows another bench process wrote meanwhile
         results["runs"][name] = row
-        results_path.write_text(json.dumps(results, indent=2) + "\n")
+        write_json(results_path, results)
         print_table(results)
     results["wall_s"] = time.perf_counter() - t0
-    results_path.write_text(json.dumps(results, indent=2) + "\n")
+    merge_runs(results_path, results)
+    write_json(results_path, results)
     print_table(results)
     print(f"wrote {results_path}")
+
+
+def merge_runs(path: Path, results: dict) -> None:
+    """Add the rows already in ``path`` that this process has not produced itself (runs of one bench
+    directory may be evaluated by several processes, one run each)."""
+    if path.is_file():
+        for name, row in json.loads(path.read_text()).get("runs", {}).items():
+            results["runs"].setdefault(name, row)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:

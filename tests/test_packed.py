@@ -28,6 +28,18 @@ def test_packed_linear_matches_fused_reference():
     assert torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2), (out.float() - ref.float()).abs().max()
 
 
+def test_packed_linear_rows_do_not_depend_on_the_batch():
+    """Why packed speculative decoding stays token-identical to plain: a row's result is the same bits
+    whether it is computed alone (plain decoding, T=1) or with a tree's other rows (T=N)."""
+    torch.manual_seed(0)
+    for n, k in ((96, 64), (64, 160), (1000, 64)):
+        packed = PackedLinear([torch.nn.Linear(k, n, bias=False).to(torch.bfloat16)])
+        x = torch.randn(17, k).to(torch.bfloat16)
+        for m in (2, 9, 17):
+            rows = torch.cat([packed(x[i:i + 1]) for i in range(m)])
+            assert torch.equal(packed(x[:m]), rows), (n, k, m)
+
+
 def test_packed_target_matches_plain_bfloat16(demo_paths):
     target = load_hf_causal_lm(demo_paths["target"])
     plain = build_llama(target.arch, target.tensors, torch.bfloat16)
