@@ -153,6 +153,7 @@ def main() -> None:
                                    for n, r in by_vocab.items()})
         merge_runs(results_path, results)  # keep rows another bench process wrote meanwhile
         results["runs"][name] = row
+        results["_mine"].add(name)
         write_json(results_path, results)
         print_table(results)
     results["wall_s"] = time.perf_counter() - t0
@@ -165,14 +166,16 @@ def main() -> None:
 def merge_runs(path: Path, results: dict) -> None:
     """Add the rows already in ``path`` that this process has not produced itself (runs of one bench
     directory may be evaluated by several processes, one run each)."""
+    mine = results.setdefault("_mine", set())
     if path.is_file():
         for name, row in json.loads(path.read_text()).get("runs", {}).items():
-            results["runs"].setdefault(name, row)
+            if name not in mine:
+                results["runs"][name] = row
 
 
 def write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({k: v for k, v in obj.items() if k != "_mine"}, indent=2) + "\n")
     os.replace(tmp, path)
 
 
