@@ -129,6 +129,22 @@ def attention_mask(lengths: torch.Tensor, new_mask: torch.Tensor) -> torch.Tenso
     return (prefix | (gathered & in_new[:, None, :]))[:, None]
 
 
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention with float64 scores, softmax and sums: q [B, Hq, T, d], k/v [B, Hkv, S, d] (GQA by
+    broadcasting), mask [B, 1, T, S] bool. Why: fused SDPA kernels block the key axis by the query count,
+    so a query's result changes in its last bits with T (a tree) and with S (the masked extra keys); in
+    bfloat16 those bits round differently and greedy speculative output drifts from plain decoding. In
+    float64 the order of the sums cannot reach a bfloat16 (or float32) rounding, so every row comes out
+    the same for T = 1 and T = N. The cost is small: scores are [T, S] per head."""
+    B, Hq, T, d = q.shape
+    Hkv = k.shape[1]
+    q5 = q.double().view(B, Hkv, Hq // Hkv, T, d)
+    scores = (q5 @ k.double()[:, :, None].transpose(-1, -2)) * (1.0 / math.sqrt(d))
+    scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v.double()[:, :, None]
+    return out.view(B, Hq, T, d).to(q.dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, arch: LlamaArch, in_dim: int | None = None):
         super().__init__()
@@ -140,6 +156,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(in_dim, self.n_kv * d, bias=arch.attention_bias)
         self.o_proj = nn.Linear(self.n_heads * d, H, bias=False)
         self.qkv: nn.Module | None = None  # fused q/k/v projection, installed by models.packed for inference
+        self.batch_invariant = False  # exact_attention instead of SDPA (set by models.packed)
         if arch.qk_norm:
             self.q_norm = RMSNorm(d, arch.rms_norm_eps)
             self.k_norm = RMSNorm(d, arch.rms_norm_eps)
@@ -168,8 +185,11 @@ class Attention(nn.Module):
         S = mask.shape[-1]
         keys = cache.k[layer][:, :S].transpose(1, 2)
         vals = cache.v[layer][:, :S].transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
-                                             enable_gqa=self.n_heads != self.n_kv)
+        if self.batch_invariant:
+            out = exact_attention(q.transpose(1, 2), keys, vals, mask)
+        else:
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
+                                                 enable_gqa=self.n_heads != self.n_kv)
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 

@@ -8,6 +8,11 @@ and for 17 rows, which is what speculative decoding needs: the target verifies a
 the price of one token, as on a GPU. Attention q/k/v and the MLP gate/up are fused into one matmul
 each (fewer calls, the same math).
 
+Packed modules are also batch-invariant: a token's result is the same bits whether the target runs it
+alone (plain decoding) or inside a tree. oneDNN's packed matmul already is (rows never mix); attention
+switches to ``llama.exact_attention`` (float64 sums), because fused SDPA is not. That is what keeps
+greedy speculative output token-identical to plain decoding in bfloat16.
+
 Only inference modules are packed (the runtime's target and drafters); training keeps ``nn.Linear``.
 Where the CPU or the torch build lacks bfloat16 oneDNN kernels, ``packing_supported`` says so and the
 callers keep the plain modules.
@@ -71,6 +76,7 @@ def pack_module(module: nn.Module) -> int:
     count = 0
     for sub in list(module.modules()):
         if isinstance(sub, Attention) and sub.qkv is None:
+            sub.batch_invariant = True
             sub.qkv = PackedLinear([sub.q_proj, sub.k_proj, sub.v_proj])
             sub.o_proj = PackedLinear([sub.o_proj])
             del sub.q_proj, sub.k_proj, sub.v_proj
