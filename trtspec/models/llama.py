@@ -129,6 +129,12 @@ def attention_mask(lengths: torch.Tensor, new_mask: torch.Tensor) -> torch.Tenso
     return (prefix | (gathered & in_new[:, None, :]))[:, None]
 
 
+# Steps up to this many new tokens (decode steps and draft trees) use exact_attention in batch-invariant
+# mode; longer ones (prefills) keep fused SDPA: plain and speculative decoding run the very same prefill, so
+# it needs no invariance, and float64 scores of a long prompt would cost memory quadratic in its length.
+EXACT_ATTENTION_MAX_TOKENS = 128
+
+
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Attention with float64 scores, softmax and sums: q [B, Hq, T, d], k/v [B, Hkv, S, d] (GQA by
     broadcasting), mask [B, 1, T, S] bool. Why: fused SDPA kernels block the key axis by the query count,
@@ -185,7 +191,7 @@ class Attention(nn.Module):
         S = mask.shape[-1]
         keys = cache.k[layer][:, :S].transpose(1, 2)
         vals = cache.v[layer][:, :S].transpose(1, 2)
-        if self.batch_invariant:
+        if self.batch_invariant and T <= EXACT_ATTENTION_MAX_TOKENS:
             out = exact_attention(q.transpose(1, 2), keys, vals, mask)
         else:
             out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
