@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared cores: do not spin-wait (set before torch loads)
 
 import argparse  # noqa: E402
 import json  # noqa: E402

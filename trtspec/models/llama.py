@@ -136,19 +136,35 @@ EXACT_ATTENTION_MAX_TOKENS = 128
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Attention with float64 scores, softmax and sums: q [B, Hq, T, d], k/v [B, Hkv, S, d] (GQA by
-    broadcasting), mask [B, 1, T, S] bool. Why: fused SDPA kernels block the key axis by the query count,
-    so a query's result changes in its last bits with T (a tree) and with S (the masked extra keys); in
-    bfloat16 those bits round differently and greedy speculative output drifts from plain decoding. In
-    float64 the order of the sums cannot reach a bfloat16 (or float32) rounding, so every row comes out
-    the same for T = 1 and T = N. The cost is small: scores are [T, S] per head."""
+    """Attention with float64 scores, softmax and sums: q [B, Hq, T, d], k/v [B, Hkv, S, d] (GQA: the r =
+    Hq/Hkv query heads of a group ride as r*T rows of one matmul), mask [B, 1, T, S] bool. Why: fused SDPA
+    kernels block the key axis by the query count, so a query's result changes in its last bits with T (a
+    tree) and with S (the masked extra keys); in bfloat16 those bits round differently and greedy
+    speculative output drifts from plain decoding. In float64 the order of the sums cannot reach a
+    bfloat16 (or float32) rounding, so every row comes out the same for T = 1 and T = N."""
     B, Hq, T, d = q.shape
-    Hkv = k.shape[1]
-    q5 = q.double().view(B, Hkv, Hq // Hkv, T, d)
-    scores = (q5 @ k.double()[:, :, None].transpose(-1, -2)) * (1.0 / math.sqrt(d))
-    scores = scores.masked_fill(~mask[:, :, None], float("-inf"))
-    out = torch.softmax(scores, dim=-1) @ v.double()[:, :, None]
+    Hkv, S = k.shape[1], k.shape[2]
+    r = Hq // Hkv
+    bias = _additive_mask(mask, r)  # [B, r*T, S]
+    if B > 1:
+        bias = bias[:, None].expand(B, Hkv, r * T, S).reshape(B * Hkv, r * T, S)
+    scores = torch.baddbmm(bias, q.reshape(B * Hkv, r * T, d).double(), k.double().reshape(B * Hkv, S, d).transpose(1, 2),
+                           alpha=1.0 / math.sqrt(d))
+    out = torch.bmm(torch.softmax(scores, dim=-1), v.double().reshape(B * Hkv, S, d))
     return out.view(B, Hq, T, d).to(q.dtype)
+
+
+_last_mask: list = [None, 0, None]  # (mask, r, bias): every layer of one forward gets the same mask object
+
+
+def _additive_mask(mask: torch.Tensor, r: int) -> torch.Tensor:
+    """[B, 1, T, S] bool -> [B, r*T, S] float64 with 0 / -inf, built once per forward (not per layer)."""
+    if _last_mask[0] is mask and _last_mask[1] == r:
+        return _last_mask[2]
+    bias = torch.zeros(mask.shape[0], r * mask.shape[2], mask.shape[3], dtype=torch.float64)
+    bias.masked_fill_(~mask[:, 0].repeat(1, r, 1), float("-inf"))
+    _last_mask[:] = [mask, r, bias]
+    return bias
 
 
 class Attention(nn.Module):
