@@ -8,14 +8,11 @@ apart. Speculative decoding pays off when T tokens cost about what 1 token does.
 
 from __future__ import annotations
 
-import os
-
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
