@@ -154,16 +154,19 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     return out.view(B, Hq, T, d).to(q.dtype)
 
 
-_last_mask: list = [None, 0, None]  # (mask, r, bias): every layer of one forward gets the same mask object
+_last_mask: tuple = (None, 0, None)  # (mask, r, bias): every layer of one forward gets the same mask object
 
 
 def _additive_mask(mask: torch.Tensor, r: int) -> torch.Tensor:
-    """[B, 1, T, S] bool -> [B, r*T, S] float64 with 0 / -inf, built once per forward (not per layer)."""
-    if _last_mask[0] is mask and _last_mask[1] == r:
-        return _last_mask[2]
+    """[B, 1, T, S] bool -> [B, r*T, S] float64 with 0 / -inf, built once per forward (not per layer).
+    The memo is one tuple, read and replaced whole, so concurrent forwards never mix their masks."""
+    global _last_mask
+    last_mask, last_r, last_bias = _last_mask
+    if last_mask is mask and last_r == r:
+        return last_bias
     bias = torch.zeros(mask.shape[0], r * mask.shape[2], mask.shape[3], dtype=torch.float64)
     bias.masked_fill_(~mask[:, 0].repeat(1, r, 1), float("-inf"))
-    _last_mask[:] = [mask, r, bias]
+    _last_mask = (mask, r, bias)
     return bias
 
 
