@@ -128,7 +128,8 @@ def main() -> None:
                "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(), "dtype": args.dtype,
                "runs": {}}
     results_path = args.out / "results.json"
-    merge_runs(results_path, results)
+    mine: set[str] = set()  # rows this process produced; other rows come from the file
+    merge_runs(results_path, results, mine)
     for name in [r for r in args.runs.split(",") if r]:
         kind, rms = RUNS[name]
         heads_dir = args.out / "heads" / name
@@ -150,22 +151,21 @@ def main() -> None:
                    by_draft_vocab={str(n): {k: r[k] for k in ("best_nodes", "mean_acceptance_length", "tokens_per_s",
                                                               "plain_tokens_per_s", "speedup", "identical_to_plain")}
                                    for n, r in by_vocab.items()})
-        merge_runs(results_path, results)  # keep rows another bench process wrote meanwhile
+        merge_runs(results_path, results, mine)  # keep rows another bench process wrote meanwhile
         results["runs"][name] = row
-        results["_mine"].add(name)
+        mine.add(name)
         write_json(results_path, results)
         print_table(results)
     results["wall_s"] = time.perf_counter() - t0
-    merge_runs(results_path, results)
+    merge_runs(results_path, results, mine)
     write_json(results_path, results)
     print_table(results)
     print(f"wrote {results_path}")
 
 
-def merge_runs(path: Path, results: dict) -> None:
+def merge_runs(path: Path, results: dict, mine: set[str]) -> None:
     """Add the rows already in ``path`` that this process has not produced itself (runs of one bench
     directory may be evaluated by several processes, one run each)."""
-    mine = results.setdefault("_mine", set())
     if path.is_file():
         for name, row in json.loads(path.read_text()).get("runs", {}).items():
             if name not in mine:
@@ -174,7 +174,7 @@ def merge_runs(path: Path, results: dict) -> None:
 
 def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({k: v for k, v in obj.items() if k != "_mine"}, indent=2) + "\n")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
     os.replace(tmp, path)
 
 

@@ -136,3 +136,10 @@ def test_generate_cli_honours_bfloat16(demo_paths, monkeypatch):
     assert made and made[0].dtype == torch.bfloat16 and made[0].packed
     out = json.loads(r.output[r.output.index('{\n  "speculative"'):])
     assert out["identical"] is True
+
+
+@pytest.mark.parametrize("kind", ["medusa", "mtp-single", "eagle"])
+def test_full_vocabulary_drafter_shares_the_targets_packed_lm_head(demo_paths, kind):
+    gen = SpeculativeGenerator(load_spec_model(demo_paths["target"], demo_paths[kind]), dtype=torch.bfloat16)
+    assert gen.drafter.draft_vocab is None
+    assert gen.drafter.projection is gen.target.lm_head

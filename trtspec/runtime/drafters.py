@@ -75,14 +75,16 @@ class Drafter:
     def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def pack(self) -> None:
+    def pack(self, target_projection: nn.Module) -> None:
         """Pre-pack the drafter's matmuls and vocabulary projection (bfloat16 CPU inference, models.packed).
-        ``lm_head`` stays the plain weight (tree tuning reads it); ``projection`` is what proposing calls."""
+        ``lm_head`` stays the plain weight (tree tuning reads it); ``projection`` is what proposing calls:
+        the target's own packed lm_head when the drafter projects onto the full vocabulary (``lm_head`` is
+        then the target's weight), a packed copy of the draft-vocabulary rows otherwise."""
         from trtspec.models.packed import pack_module, pack_projection
 
         pack_module(self.module)
         if self.lm_head is not None:
-            self.projection = pack_projection(self.lm_head)
+            self.projection = target_projection if self.draft_vocab is None else pack_projection(self.lm_head)
 
 
 class HeadsDrafter(Drafter):

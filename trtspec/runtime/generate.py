@@ -120,7 +120,7 @@ class SpeculativeGenerator:
             self.drafter = build_drafter(spec.drafter, self.target, self.dtype)
         self.packed = pack_if_bf16(self.target, self.dtype, device)
         if self.packed and self.drafter is not None:
-            self.drafter.pack()
+            self.drafter.pack(self.target.lm_head)
         self.tree: TreeBuffers = build_tree(spec.tree.choices)
         self.plain_tree: TreeBuffers = build_tree(())
         self.last_metrics = SpecMetrics()
