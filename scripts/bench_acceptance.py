@@ -19,21 +19,20 @@ from __future__ import annotations
 import os
 
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from trtspec.checkpoint.load import load_spec_model, load_tokenizer  # noqa: E402
-from trtspec.checkpoint.target import load_hf_causal_lm  # noqa: E402
-from trtspec.train.cache import HiddenCache, build_cache  # noqa: E402
-from trtspec.train.data import chitchat_samples, encode_prompt, split_holdout  # noqa: E402
+from trtspec.load import load_spec_model, load_tokenizer
+from trtspec.checkpoint.target import load_hf_causal_lm
+from trtspec.train.cache import HiddenCache, build_cache
+from trtspec.train.data import chitchat_samples, encode_prompt, split_holdout
 
 RUNS = {  # name -> (kind, rmsnorm)
     "mtp-linear": ("mtp-linear", True),
@@ -75,7 +74,7 @@ def parse() -> argparse.Namespace:
                     help="dtype of the cache and of both plain and speculative decoding (auto: bfloat16 with "
                          "pre-packed oneDNN kernels where the CPU has AVX512-BF16/AMX, else float32)")
     args = ap.parse_args()
-    from trtspec.train.cli import resolve_dtype
+    from trtspec.cli.train import resolve_dtype
 
     args.dtype = resolve_dtype(args.dtype)
     return args

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def make_synthetic(out: Path, target_gb: float) -> Path:
@@ -71,7 +70,7 @@ def make_synthetic(out: Path, target_gb: float) -> Path:
 
 def child(target: str, out: str, tp: int) -> None:
     """Runs in its own process: load lazily, convert, report."""
-    from trtspec.checkpoint.load import load_spec_model
+    from trtspec.load import load_spec_model
     from trtspec.convert.core import convert, peak_rss_bytes
     from trtspec.convert.modes import ConvertOptions
 

@@ -15,13 +15,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+import torch
 
-from trtspec.checkpoint.target import load_hf_causal_lm  # noqa: E402
-from trtspec.models.llama import build_llama, causal_mask  # noqa: E402
-from trtspec.models.packed import pack_module, packing_supported  # noqa: E402
+from trtspec.checkpoint.target import load_hf_causal_lm
+from trtspec.models.llama import build_llama, causal_mask
+from trtspec.models.packed import pack_module, packing_supported
 
 PREFIX = 200
 

@@ -64,7 +64,7 @@ def copy_bandwidth_gbs() -> float:
 
 def tree_of(nodes: int):
     """A deterministic tree with ``nodes`` nodes (root included): up to 4 children per node, breadth first."""
-    from trtspec.runtime.tree import build_tree
+    from trtspec.tree import build_tree
 
     choices, frontier = [], [()]
     while len(choices) < nodes - 1:
@@ -109,7 +109,7 @@ def bench_tree_verify(lib) -> list[dict]:
 
     tree = tree_of(64)
     paths = tree.paths.int().cuda()
-    n1, vocab = tree.num_nodes, 128256
+    n1, vocab = tree.size, 128256
     rows = []
     for batch in (1, 64, 256):
         draft = torch.randint(0, vocab, (batch, n1), device="cuda", dtype=torch.int32)

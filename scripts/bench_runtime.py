@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.",
            "Explain what a neural network is in two sentences.", "List three fruits that are red."]
@@ -28,7 +27,7 @@ PROMPTS = ["What is the capital of France?", "Write a short poem about the sea."
 LOADER_PROBE = r"""
 import resource, sys, time, json
 t0 = time.perf_counter()
-import trtspec.checkpoint.load as L
+import trtspec.load as L
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t1 = time.perf_counter()
 spec = L.load_spec_model(sys.argv[1])
@@ -48,10 +47,10 @@ def bench_loader(target: Path) -> dict:
 
 
 def bench_decoding(target: Path, max_new: int, configs: list[tuple[int, str]]) -> list[dict]:
-    from trtspec.checkpoint.load import load_spec_model, load_tokenizer
+    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.checkpoint.target import load_hf_causal_lm
     from trtspec.checkpoint.truncate import write_truncated_draft
-    from trtspec.runtime.cli import encode_prompt
+    from trtspec.cli.generate import encode_prompt
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 
     tgt = load_hf_causal_lm(target)

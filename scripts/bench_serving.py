@@ -19,16 +19,15 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # shared cores: do not spin-wait (before torch loads)
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 
 def offline(spec, tok, prompts, max_tokens, speculative) -> dict:
@@ -71,7 +70,7 @@ def main() -> int:
     if not (args.target / "config.json").is_file():
         sys.exit(f"error: {args.target}: no model (run scripts/prepare_smollm2.py first)")
 
-    from trtspec.checkpoint.load import load_spec_model, load_tokenizer
+    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.checkpoint.target import load_hf_causal_lm
     from trtspec.client.bench import DEFAULT_PROMPTS, format_summary, run_bench
     from trtspec.client.common import GenerateParams

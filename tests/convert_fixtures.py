@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trtspec.checkpoint.heads.mtp import save_mtp
-from trtspec.checkpoint.load import load_spec_model
+from trtspec.drafters.trtspec_heads import save_trtspec_heads as save_mtp
+from trtspec.load import load_spec_model
 from trtspec.demo.tiny import make_tiny_llama
 from trtspec.demo.tokenizer import write_char_tokenizer
 from trtspec.spec import DrafterSpec, SpecModel

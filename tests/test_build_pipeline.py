@@ -123,7 +123,7 @@ def test_manifest_hashes_and_triton_repository(root):
 
 def test_eagle3_build_is_refused_with_alternatives(root, tmp_path):
     from convert_fixtures import eagle3_spec
-    from trtspec.checkpoint.errors import UsageError
+    from trtspec.errors import UsageError
     from trtspec.engine import presets
     from trtspec.engine.pipeline import run_build
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.engine import presets
-from trtspec.runtime.tree import normalize_choices, parse_choices
+from trtspec.tree import normalize_choices, parse_choices
 
 
 @pytest.mark.parametrize("name", ["demo", "llama3-8b-mtp", "llama3-70b-eagle-8gpu"])

@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 from convert_fixtures import KINDS, eagle3_spec, make_spec
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.convert.core import convert, plan_conversion
 from trtspec.convert.modes import ConvertOptions
 from trtspec.convert.names import RMSNORM_HEADS_NAME

@@ -196,7 +196,7 @@ def test_real_model_smollm2_tp3(tmp_path):
     """A real checkpoint: SmolLM2-135M (30 layers, 9 heads, 3 KV heads, tied embeddings) at tp=3."""
     from transformers import AutoModelForCausalLM
 
-    from trtspec.checkpoint.load import load_spec_model
+    from trtspec.load import load_spec_model
 
     spec = load_spec_model(SMOLLM2)
     out = tmp_path / "smollm2-tp3"

@@ -81,7 +81,7 @@ def test_existing_output_needs_overwrite(tmp_path):
     spec = make_spec(tmp_path / "m", "none")
     out = tmp_path / "ckpt"
     convert(spec, out)
-    from trtspec.checkpoint.errors import CheckpointError
+    from trtspec.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="already exists"):
         convert(spec, out)

@@ -11,9 +11,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trtspec.checkpoint.errors import CheckpointError
+from trtspec.errors import CheckpointError, UsageError
 from trtspec.checkpoint.heads.draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab, save_draft_vocab, to_draft_index
-from trtspec.checkpoint.load import load_spec_model
+from trtspec.load import load_spec_model
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.cli import main
 from trtspec.demo.build import DEMO_VOCAB
@@ -111,7 +111,7 @@ def test_bad_draft_vocabulary_files(demo_paths, tmp_path, tensors, message):
 
 
 def test_size_without_file_and_eagle3_are_refused(demo_paths, tmp_path):
-    with pytest.raises(CheckpointError, match="has no draft_vocab|have no draft_vocab"):
+    with pytest.raises(UsageError, match="has no draft_vocab|have no draft_vocab"):
         load_spec_model(demo_paths["target"], demo_paths["mtp-single"], draft_vocab=8)
     heads = _heads_copy(demo_paths, "eagle3", tmp_path)
     save_draft_vocab(heads, torch.arange(10))

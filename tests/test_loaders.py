@@ -9,8 +9,9 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from trtspec.checkpoint.errors import CheckpointError
-from trtspec.checkpoint.load import detect_heads_format, load_spec_model
+from trtspec.errors import CheckpointError
+from trtspec.drafters.registry import detect as detect_heads_format
+from trtspec.load import load_spec_model
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.cli import main
 from trtspec.demo.tiny import make_tiny_llama

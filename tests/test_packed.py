@@ -4,7 +4,7 @@ speculative greedy still equals plain greedy when both run packed."""
 import pytest
 import torch
 
-from trtspec.checkpoint.load import load_spec_model
+from trtspec.load import load_spec_model
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.models.llama import MLP, Attention, build_llama, causal_mask
 from trtspec.models.packed import PackedLinear, pack_module, packing_supported
@@ -53,7 +53,7 @@ def test_packed_target_is_batch_invariant(smollm2, prefix, threads):
     """The root token's hidden state is the same bits in a plain step (T=1) and in a tree step (T=N),
     after any prefix length: no kernel lets the other tree rows or the masked extra keys leak into it.
     SmolLM2's real sizes: with fused SDPA instead of exact_attention this fails at the first layer."""
-    from trtspec.runtime.tree import build_tree
+    from trtspec.tree import build_tree
 
     target = load_hf_causal_lm(smollm2)
     model = build_llama(target.arch, target.tensors, torch.bfloat16)
@@ -61,7 +61,7 @@ def test_packed_target_is_batch_invariant(smollm2, prefix, threads):
     tree = build_tree([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
     g = torch.Generator().manual_seed(prefix)
     ids = torch.randint(0, 20000, (1, prefix), generator=g)  # common tokens: the high ids hide the drift
-    nodes = torch.randint(0, 20000, (1, tree.num_nodes), generator=g)
+    nodes = torch.randint(0, 20000, (1, tree.size), generator=g)
     outs = []
     with torch.no_grad():
         for tokens, mask, offsets in ((nodes[:, :1], causal_mask(1), torch.zeros(1, dtype=torch.long)),

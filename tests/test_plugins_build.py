@@ -16,11 +16,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.cli import main
 from trtspec.kernels import bindings, build, reference, trt_network
 from trtspec.models.llama import rms_norm
-from trtspec.runtime.tree import DEFAULT_CHOICES, build_tree, normalize_choices
+from trtspec.tree import DEFAULT_CHOICES, build_tree, normalize_choices
 from trtspec.runtime.verify import verify_greedy
 
 HAVE_TOOLCHAIN = shutil.which("cmake") is not None and any(
@@ -232,7 +232,7 @@ def test_rmsnorm_wrapper_checks_inputs():
 def test_tree_verify_wrapper_checks_inputs():
     tree = build_tree(DEFAULT_CHOICES)
     paths = tree.paths.int()
-    n1 = tree.num_nodes
+    n1 = tree.size
     draft = torch.zeros(2, n1, dtype=torch.int32)
     ids = torch.zeros(2, n1, dtype=torch.int32)
     with pytest.raises(UsageError, match="CUDA tensors"):
@@ -270,8 +270,8 @@ def _random_tree(rng: random.Random, max_nodes: int, max_width: int = 4):
 
 def _draft_for(tree, batch: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
     """Distinct tokens among siblings (as top-k drafts are)."""
-    draft = torch.randint(0, vocab, (batch, tree.num_nodes), generator=gen)
-    for n in range(1, tree.num_nodes):
+    draft = torch.randint(0, vocab, (batch, tree.size), generator=gen)
+    for n in range(1, tree.size):
         draft[:, n] = (draft[:, int(tree.parents[n])] * 7 + int(tree.ranks[n]) * 3 + 1) % vocab
     return draft
 
@@ -307,10 +307,10 @@ def test_batched_greedy_agrees_with_verify_py_on_random_trees(seed):
     batch, vocab = 16, 12
     draft = _draft_for(tree, batch, vocab, gen)
     # Make acceptance likely: the argmax at a node is often one of its children's tokens.
-    ids = torch.randint(0, vocab, (batch, tree.num_nodes), generator=gen)
-    kids = [tree.children(n) for n in range(tree.num_nodes)]
+    ids = torch.randint(0, vocab, (batch, tree.size), generator=gen)
+    kids = [tree.children(n) for n in range(tree.size)]
     for b in range(batch):
-        for n in range(tree.num_nodes):
+        for n in range(tree.size):
             if kids[n] and rng.random() < 0.7:
                 ids[b, n] = draft[b, rng.choice(kids[n])]
     got = reference.tree_verify_greedy_batched(tree.paths.int(), draft.int(), ids.int())
@@ -335,7 +335,7 @@ def test_batched_greedy_root_only_tree():
 def test_reference_sampling_uses_each_rows_temperature():
     tree = build_tree([[0], [1], [0, 0]])
     gen = torch.Generator().manual_seed(3)
-    logits = torch.randn(3, tree.num_nodes, 20, generator=gen)
+    logits = torch.randn(3, tree.size, 20, generator=gen)
     draft = _draft_for(tree, 3, 20, gen)
     temps = torch.tensor([0.5, 1.0, 2.0])
     probs = reference.sampling_probs(logits, "logits", temps)

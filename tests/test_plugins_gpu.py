@@ -19,7 +19,7 @@ import torch
 
 from trtspec.kernels import bindings, build, reference
 from trtspec.models.llama import rms_norm
-from trtspec.runtime.tree import DEFAULT_CHOICES, build_tree, normalize_choices, parse_choices
+from trtspec.tree import DEFAULT_CHOICES, build_tree, normalize_choices, parse_choices
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 BACKENDS = [
@@ -134,8 +134,8 @@ TREES = ["root", "one", "default", "chain16", "wide255", "random64", "random256"
 
 def _draft(tree, batch: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
     """Sibling tokens distinct, as top-k drafts are."""
-    draft = torch.randint(0, vocab, (batch, tree.num_nodes), generator=gen)
-    for n in range(1, tree.num_nodes):
+    draft = torch.randint(0, vocab, (batch, tree.size), generator=gen)
+    for n in range(1, tree.size):
         draft[:, n] = (draft[:, int(tree.parents[n])] * 31 + int(tree.ranks[n]) * 17 + 5) % vocab
     return draft
 
@@ -144,9 +144,9 @@ def _greedy_ids(tree, draft: torch.Tensor, vocab: int, gen: torch.Generator, acc
     """Target argmax that follows one of the children with probability ``accept`` at every node."""
     rng = random.Random(int(torch.randint(0, 2**31, (1,), generator=gen)))
     ids = torch.randint(0, vocab, draft.shape, generator=gen)
-    kids = [tree.children(n) for n in range(tree.num_nodes)]
+    kids = [tree.children(n) for n in range(tree.size)]
     for b in range(draft.shape[0]):
-        for n in range(tree.num_nodes):
+        for n in range(tree.size):
             if kids[n] and rng.random() < accept:
                 ids[b, n] = draft[b, rng.choice(kids[n])]
     return ids
@@ -202,7 +202,7 @@ def test_tree_verify_greedy_logits_exact(backend, dtype, vocab):
     gen = torch.Generator().manual_seed(vocab)
     draft = _draft(tree, batch, vocab, gen)
     ids = _greedy_ids(tree, draft, vocab, gen, accept=0.7)
-    logits = torch.randn(batch, tree.num_nodes, vocab, generator=gen)
+    logits = torch.randn(batch, tree.size, vocab, generator=gen)
     logits.scatter_(-1, ids[..., None], 8.0)  # the argmax
     logits = logits.to(dtype)
     if vocab > 1:
@@ -222,7 +222,7 @@ def test_tree_verify_sampling_logits_exact(backend, dtype, vocab, kind):
     batch = (64 if vocab <= 4099 else 4) if backend.full else 6
     gen = torch.Generator().manual_seed(vocab + len(kind))
     draft = _draft(tree, batch, vocab, gen)
-    logits = torch.randn(batch, tree.num_nodes, vocab, generator=gen) * 2
+    logits = torch.randn(batch, tree.size, vocab, generator=gen) * 2
     ids = _greedy_ids(tree, draft, vocab, gen, accept=0.6)
     logits.scatter_add_(-1, ids[..., None], torch.full(ids.shape + (1,), 6.0))  # often accepted
     logits = logits.to(dtype)
@@ -241,7 +241,7 @@ def test_tree_verify_sampling_probs_exact(backend, kind):
     batch, vocab = (32, 300) if backend.full else (4, 300)
     gen = torch.Generator().manual_seed(len(kind))
     draft = _draft(tree, batch, vocab, gen)
-    probs = torch.rand(batch, tree.num_nodes, vocab, generator=gen) ** 4
+    probs = torch.rand(batch, tree.size, vocab, generator=gen) ** 4
     probs[probs < 0.2] = 0.0  # sparse rows: the residual often empties
     probs[0] = 0.0
     probs[0, :, 3] = 1.0  # row 0: a point mass; every child that is not token 3 is rejected
@@ -255,12 +255,12 @@ def test_tree_verify_sampling_all_accepted_and_all_rejected(backend):
     batch, vocab = 3, 64
     gen = torch.Generator().manual_seed(0)
     draft = _draft(tree, batch, vocab, gen)
-    probs = torch.full((batch, tree.num_nodes, vocab), 1e-3)
+    probs = torch.full((batch, tree.size, vocab), 1e-3)
     deepest = _deepest_path(tree)
     for parent, child in zip(deepest, deepest[1:]):
         probs[0, parent] = 0.0
         probs[0, parent, draft[0, child]] = 1.0  # row 0: all mass on the draft token: accepted
-    for n in range(tree.num_nodes):
+    for n in range(tree.size):
         kids = tree.children(n)
         if kids:
             probs[1, n, draft[1, kids]] = 0.0  # row 1: no draft token has mass: all rejected
@@ -277,7 +277,7 @@ def test_tree_verify_large_vocab_sampling(backend):
     batch, vocab = 2, 256000
     gen = torch.Generator().manual_seed(5)
     draft = _draft(tree, batch, vocab, gen)
-    logits = (torch.randn(batch, tree.num_nodes, vocab, generator=gen) * 3).half()
+    logits = (torch.randn(batch, tree.size, vocab, generator=gen) * 3).half()
     got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), logits), mode="sampling",
                                target_kind="logits", temperature=0.7, seed=99, lib=backend.lib)
     want = reference.tree_verify_reference(tree, draft, logits, "sampling", "logits", 0.7, seed=99)
@@ -290,9 +290,9 @@ def test_tree_verify_sampling_duplicate_sibling_tokens(backend):
     tree = build_tree([[0], [1], [2], [0, 0], [1, 0]])
     batch, vocab = 16, 8
     gen = torch.Generator().manual_seed(2)
-    draft = torch.randint(0, vocab, (batch, tree.num_nodes), generator=gen)
+    draft = torch.randint(0, vocab, (batch, tree.size), generator=gen)
     draft[:, 1:4] = 5  # the three depth-1 siblings share token 5
-    probs = torch.rand(batch, tree.num_nodes, vocab, generator=gen)
+    probs = torch.rand(batch, tree.size, vocab, generator=gen)
     for seed in range(4):
         got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), probs), mode="sampling",
                                    target_kind="probs", seed=seed, lib=backend.lib)

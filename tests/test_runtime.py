@@ -4,7 +4,7 @@ drafter kind, chain and tree, batch 1 and 4; KV bookkeeping proven by a perfect 
 import pytest
 import torch
 
-from trtspec.checkpoint.load import load_spec_model
+from trtspec.load import load_spec_model
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.demo.tiny import make_tiny_llama
 from trtspec.models.llama import build_llama, causal_mask
@@ -80,7 +80,7 @@ def test_streaming_yields_committed_chunks(demo_paths):
     spec = load_spec_model(demo_paths["target"], demo_paths["draft-model"])
     gen = SpeculativeGenerator(spec)
     chunks = list(gen.stream(PROMPTS[0], GenerationConfig(max_new_tokens=20)))
-    steps = gen.last_metrics.target_steps
+    steps = sum(s.metrics.target_steps for s in gen.stream_batch([PROMPTS[0]], GenerationConfig(max_new_tokens=20)))
     flat = [t for c in chunks for t in c]
     assert flat == gen.generate([PROMPTS[0]], GenerationConfig(max_new_tokens=20, speculative=False)).tokens[0]
     assert len(chunks) == steps + 1  # prefill token + one chunk per step

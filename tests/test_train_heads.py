@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trtspec.checkpoint.load import load_spec_model
+from trtspec.load import load_spec_model
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.cli import main
 from trtspec.demo.tiny import make_tiny_llama
@@ -20,7 +20,8 @@ from trtspec.models.llama import build_llama, causal_mask
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 from trtspec.train import cache as cache_mod
 from trtspec.train.cache import HiddenCache, build_cache
-from trtspec.train.heads import TRAIN_KINDS, save_heads
+from trtspec.drafters import registry
+from trtspec.train.heads import save_heads
 from trtspec.train.trainer import TrainConfig, train
 
 VOCAB = 128
@@ -66,7 +67,7 @@ def test_cache_labels_are_the_targets_greedy_choices(tiny):
         assert torch.allclose(torch.from_numpy(np.asarray(seq["hidden"], dtype=np.float32)), h[0], atol=2e-2)
 
 
-@pytest.mark.parametrize("kind", TRAIN_KINDS)
+@pytest.mark.parametrize("kind", registry.trainable())
 def test_training_lowers_loss_and_heads_decode_like_greedy(tiny, kind):
     module, res = train(tiny["target"], tiny["cache"], _cfg(kind), progress=False)
     assert res.steps == 30
@@ -137,7 +138,7 @@ def test_cache_resumes_after_an_interruption(tiny, tmp_path, monkeypatch):
 
 def test_unrolled_training_forward_matches_the_runtime_drafter(tiny):
     """Step 0 / step 1 logits of the trainer's unrolled forward = the runtime drafter's depth-1 / depth-2."""
-    from trtspec.runtime.tree import build_tree
+    from trtspec.tree import build_tree
     from trtspec.train.unroll import unrolled
 
     out = tiny["root"] / "heads-mtp-single"

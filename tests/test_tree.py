@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from trtspec.checkpoint.errors import UsageError
-from trtspec.runtime.tree import (build_tree, format_choices_trtllm, pack_mask, parse_choices, unpack_mask)
+from trtspec.errors import UsageError
+from trtspec.tree import (build_tree, format_choices_trtllm, pack_mask, parse_choices, unpack_mask)
 
 
 def test_hand_worked_tree():
@@ -59,7 +59,7 @@ def test_chain_and_parse_formats():
 
 def test_empty_tree_is_plain_decoding():
     t = build_tree(())
-    assert t.num_nodes == 1 and t.paths.tolist() == [[0]]
+    assert t.size == 1 and t.num_nodes == 0 and t.paths.tolist() == [[0]]
 
 
 @pytest.mark.parametrize("bad", ["[[0,0]]", "[[0],[0]]", "[[]]", "[[-1]]", "nonsense", "[[0],'x']"])

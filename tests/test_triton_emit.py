@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from trtspec.checkpoint.errors import CheckpointError, UsageError
-from trtspec.checkpoint.load import load_spec_model
+from trtspec.errors import CheckpointError, UsageError
+from trtspec.load import load_spec_model
 from trtspec.cli import main
 from trtspec.triton.emit import MANIFEST, MODELS, TEMPLATE_DIR, emit_repository, fill_template
 from trtspec.triton.validate import load_repository, parse_config, validate_repository
@@ -58,7 +58,7 @@ def test_both_runtimes_parse_and_share_the_contract(spec, tmp_path, runtime):
     assert p["decoding_mode"] == "medusa"
     assert p["medusa_choices"].startswith("{0}") and "eagle_choices" not in p
     assert int(p["max_draft_len"]) == spec.tree.num_nodes
-    from trtspec.runtime.tree import parse_choices
+    from trtspec.tree import parse_choices
 
     assert parse_choices(p["medusa_choices"]) == spec.tree.choices
     ens = cfgs["ensemble"]

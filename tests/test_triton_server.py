@@ -16,8 +16,8 @@ import urllib.request
 
 import pytest
 
-from trtspec.checkpoint.errors import UsageError
-from trtspec.checkpoint.load import load_spec_model
+from trtspec.errors import UsageError
+from trtspec.load import load_spec_model
 from trtspec.triton.emit import emit_repository
 
 from triton_support import PROMPTS, Oracle, make_model

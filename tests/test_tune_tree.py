@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trtspec.checkpoint.load import load_spec_model
+from trtspec.load import load_spec_model
 from trtspec.cli import main
-from trtspec.runtime.tree import parse_choices
+from trtspec.tree import parse_choices
 from trtspec.train.tune import (brute_force_best, build_tree, expected_length, marginal_path_probs,
                                 path_probs_from_ranks, per_depth_topk)
 
@@ -70,7 +70,7 @@ def test_cli_tune_tree_writes_choices_the_runtime_takes(tmp_path):
             for _ in range(10)]
     data = tmp_path / "calib.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    from trtspec.checkpoint.load import load_tokenizer
+    from trtspec.load import load_tokenizer
     from trtspec.train.data import encode_prompt, load_samples
 
     tok = load_tokenizer(target)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from trtspec.runtime.tree import build_tree
+from trtspec.tree import build_tree
 from trtspec.runtime.verify import counter_uniform, process_logits, verify_greedy, verify_sampling
 
 TREE = build_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])  # nodes as in test_tree
@@ -80,8 +80,8 @@ def test_process_logits_top_k_top_p():
 def test_greedy_limit_of_sampling():
     """At a near-zero temperature the sampler accepts exactly what greedy accepts."""
     g = torch.Generator().manual_seed(1)
-    logits = torch.randn(3, TREE.num_nodes, 16, generator=g) * 3
-    drafts = torch.randint(0, 16, (3, TREE.num_nodes), generator=g)
+    logits = torch.randn(3, TREE.size, 16, generator=g) * 3
+    drafts = torch.randint(0, 16, (3, TREE.size), generator=g)
     drafts[:, 1] = logits[:, 0].argmax(-1)  # make the first child right
     gr = verify_greedy(TREE, drafts, logits.argmax(-1))
     sr = verify_sampling(TREE, drafts, process_logits(logits, 1e-4), seed=5)

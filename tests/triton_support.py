@@ -15,13 +15,14 @@ PROMPTS = ["Hello there, how are", "The quick brown fox", "Once upon a time", "a
 def make_model(root: Path) -> dict[str, Path]:
     """A real tiny HF Llama dir with a char tokenizer, and FasterDecoding-format Medusa heads next to it."""
     from trtspec.checkpoint.target import load_hf_causal_lm
-    from trtspec.demo.build import DEMO_VOCAB, write_medusa
+    from trtspec.demo.build import DEMO_VOCAB
+    from trtspec.drafters.medusa import make_demo
     from trtspec.demo.tiny import make_tiny_llama
     from trtspec.demo.tokenizer import write_char_tokenizer
 
     target = make_tiny_llama(root / "target", seed=0, vocab_size=DEMO_VOCAB, num_hidden_layers=2)
     write_char_tokenizer(target, DEMO_VOCAB)
-    heads = write_medusa(load_hf_causal_lm(target), root / "medusa", num_heads=3)
+    heads = make_demo(load_hf_causal_lm(target), root / "medusa", num_heads=3)
     return {"target": target, "heads": heads}
 
 
@@ -29,7 +30,7 @@ class Oracle:
     """Offline greedy decoding of the same prompt, in-process: what every server answer must equal."""
 
     def __init__(self, target: Path, heads: Path | None):
-        from trtspec.checkpoint.load import load_spec_model, load_tokenizer
+        from trtspec.load import load_spec_model, load_tokenizer
         from trtspec.runtime.generate import SpeculativeGenerator
 
         self.spec = load_spec_model(target, heads)

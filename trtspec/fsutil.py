@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from trtspec.checkpoint.errors import CheckpointError
+from trtspec.errors import CheckpointError
 
 
 @contextmanager

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 
 from trtspec.checkpoint.tensors import TensorStore
+from trtspec.parallel import Mapping
+from trtspec.tree import TreeSpec
 
-#: Drafter kinds, in the names the CLI and the heads metadata use.
-DRAFTER_KINDS = ("draft-model", "medusa", "mtp-linear", "mtp-single", "eagle", "eagle3")
+__all__ = ["DrafterSpec", "LlamaArch", "Mapping", "SpecModel", "TargetSpec", "TreeSpec"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class DrafterSpec:
     aux_layers (eagle3), ...; ``arch`` is the decoder architecture of the drafter's layer(s) if any.
     """
 
-    kind: str
+    kind: str  # a registered kind's name (trtspec.drafters.registry)
     path: Path
     tensors: TensorStore
     config: dict[str, Any]
@@ -110,40 +111,6 @@ class DrafterSpec:
         return int(self.config.get("num_heads", 1))
 
 
-@dataclass(frozen=True)
-class TreeSpec:
-    """A static draft tree in Medusa/EAGLE "choices" notation.
-
-    Each choice is a path of top-k ranks from the root: ``(0,)`` is the top-1 token at depth 1,
-    ``(0, 1)`` is the second-best child of that node. The root (the last committed token) is implicit.
-    Every prefix of a choice must also be a choice.
-    """
-
-    choices: tuple[tuple[int, ...], ...]
-
-    @property
-    def num_nodes(self) -> int:
-        return len(self.choices)
-
-    @property
-    def depth(self) -> int:
-        return max((len(c) for c in self.choices), default=0)
-
-    @classmethod
-    def chain(cls, length: int) -> "TreeSpec":
-        return cls(tuple(tuple([0] * d) for d in range(1, length + 1)))
-
-
-@dataclass(frozen=True)
-class ParallelSpec:
-    tp_size: int = 1
-    pp_size: int = 1
-
-    @property
-    def world_size(self) -> int:
-        return self.tp_size * self.pp_size
-
-
 @dataclass
 class SpecModel:
     """Target + drafter + tree + dtype + parallel mapping: what every stage takes."""
@@ -152,7 +119,7 @@ class SpecModel:
     drafter: DrafterSpec | None
     tree: TreeSpec
     dtype: torch.dtype
-    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    parallel: Mapping = field(default_factory=Mapping)
 
     def describe(self) -> str:
         a = self.target.arch

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from trtspec.checkpoint.errors import CheckpointError
+from trtspec.errors import CheckpointError
 from trtspec.checkpoint.heads.draft_vocab import DRAFT_VOCAB_FILE
 from trtspec.checkpoint.tensors import TensorStore
 from trtspec.spec import LlamaArch, TargetSpec
@@ -226,3 +226,17 @@ def load_hf_causal_lm(path: str | Path, allow_pickle: bool = False, role: str = 
                                                                  "tokenizer_config.json")) else None
     return TargetSpec(path=directory, arch=arch, tensors=tensors, dtype=stored, tokenizer_path=tok,
                       config=cfg, fingerprint=fingerprint(arch, tensors))
+
+
+def load_tokenizer(target: TargetSpec):
+    """The target's tokenizer (transformers AutoTokenizer), or a clear error when the dir has none."""
+    if target.tokenizer_path is None:
+        raise CheckpointError("no tokenizer files (tokenizer.json / tokenizer.model)", target.path,
+                              "copy the tokenizer into the target directory or pass token ids")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(target.tokenizer_path))
+    except Exception as exc:  # transformers raises many types for broken tokenizer files
+        raise CheckpointError(f"cannot load tokenizer ({exc.__class__.__name__}: {str(exc)[:120]})",
+                              target.tokenizer_path) from None

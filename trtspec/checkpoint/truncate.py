@@ -11,7 +11,7 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_directory
 from trtspec.spec import TargetSpec
 

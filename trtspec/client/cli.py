@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.client.common import GenerateParams
 
 

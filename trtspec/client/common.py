@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 
 DEFAULT_MODEL = "ensemble"
 METRIC_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from trtspec import __version__
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.convert.config import check_config
 from trtspec.convert.modes import CheckpointPlan, ConvertOptions, ExportMode, select_mode
 from trtspec.convert.writer import PlannedTensor, StreamingSafetensorsWriter, atomic_directory

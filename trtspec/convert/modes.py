@@ -33,15 +33,14 @@ from typing import Any
 
 import torch
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.convert import names as N
 from trtspec.convert.config import EAGLE_MAX_DRAFT_LEN, HF_ARCH_NAMES, llama_config
+from trtspec.drafters import registry
 from trtspec.convert.shard import COLUMN, LM_HEAD, REPLICATE, STACK, Source, embedding_rule
-from trtspec.runtime.tree import build_tree
+from trtspec.tree import build_tree
 from trtspec.spec import LlamaArch, SpecModel
 
-#: trtllm-build --speculative_decoding_mode choices in 1.2 (tensorrt_llm/commands/build.py).
-TRTLLM_SPEC_MODES = ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle")
 
 
 @dataclass
@@ -159,7 +158,7 @@ class TargetOnly(ExportMode):
 
 
 class Medusa(ExportMode):
-    def __init__(self, kind: str = "medusa"):
+    def __init__(self, kind: str):
         super().__init__(kind, "MedusaForCausalLM", "medusa")
 
     def extra_jobs(self, spec: SpecModel, out: N.JobList) -> None:
@@ -192,8 +191,8 @@ class Medusa(ExportMode):
 
 
 class MtpLinear(Medusa):
-    def __init__(self):
-        super().__init__("mtp-linear")
+    def __init__(self, kind: str):
+        super().__init__(kind)
         self.needs_plugin = True
         self.model_cls = "TrtspecMtpLinearForCausalLM"
 
@@ -209,7 +208,7 @@ class MtpLinear(Medusa):
 
 
 class Eagle(ExportMode):
-    def __init__(self, kind: str = "eagle"):
+    def __init__(self, kind: str):
         super().__init__(kind, "EagleForCausalLM", "eagle", allows_pp=False)
 
     def drafter_arch(self, spec: SpecModel) -> LlamaArch:
@@ -234,7 +233,7 @@ class Eagle(ExportMode):
         tb = build_tree(spec.tree.choices)
         depth = tb.max_depth
         non_leaves = [0] * (depth + 1)
-        for node in range(tb.num_nodes):
+        for node in range(tb.size):
             if tb.children(node):
                 non_leaves[int(tb.depths[node])] += 1
         return depth, max(1, max(non_leaves))
@@ -272,8 +271,8 @@ class Eagle(ExportMode):
 
 
 class MtpSingle(Eagle):
-    def __init__(self):
-        super().__init__("mtp-single")
+    def __init__(self, kind: str):
+        super().__init__(kind)
         self.needs_plugin = False  # its extra norms are TensorRT-LLM RmsNorm layers inside trtspec's model class
         self.model_cls = "TrtspecMtpSingleForCausalLM"
 
@@ -294,8 +293,8 @@ class MtpSingle(Eagle):
 
 
 class DraftModel(ExportMode):
-    def __init__(self):
-        super().__init__("draft-model", "LlamaForCausalLM", "draft_tokens_external")
+    def __init__(self, kind: str):
+        super().__init__(kind, "LlamaForCausalLM", "draft_tokens_external")
 
     def checkpoints(self, spec, opts):
         self.validate(spec, opts)
@@ -317,25 +316,18 @@ class DraftModel(ExportMode):
         return [target, CheckpointPlan("draft", "draft", dcfg, jobs, None)]
 
 
-class Eagle3(ExportMode):
-    def __init__(self):
-        super().__init__("eagle3", "-", None)
-
-    def checkpoints(self, spec, opts):
-        raise UsageError(
-            "EAGLE-3 heads have no TensorRT engine mode: TensorRT-LLM 1.2's trtllm-build offers "
-            f"--speculative_decoding_mode {{{', '.join(TRTLLM_SPEC_MODES)}}} and its 'eagle' mode is EAGLE-1/2 "
-            "only. Serve EAGLE-3 with TensorRT-LLM's PyTorch backend (trtllm-serve / LLM API with an Eagle3 "
-            "speculative config) or with trtspec's reference runtime (trtspec serve), or use EAGLE-1/2, Medusa "
-            "or mtp heads for an engine build")
-
-
-MODES = {"none": TargetOnly, "medusa": Medusa, "mtp-linear": MtpLinear, "eagle": Eagle, "mtp-single": MtpSingle,
-         "draft-model": DraftModel, "eagle3": Eagle3}
+#: TensorRT-LLM checkpoint layouts (a kind's ``EngineRoute.layout``) -> the writer for it
+LAYOUTS = {"MedusaForCausalLM": Medusa, "MedusaForCausalLM+RmsNormHeads": MtpLinear, "EagleForCausalLM": Eagle,
+           "EagleForCausalLM+MtpNorms": MtpSingle, "draft_tokens_external": DraftModel}
 
 
 def select_mode(spec: SpecModel) -> ExportMode:
-    kind = spec.drafter.kind if spec.drafter is not None else "none"
-    if kind not in MODES:
-        raise UsageError(f"no TensorRT-LLM export for drafter kind {kind!r}")
-    return MODES[kind]()
+    """The writer for the drafter's engine layout (the target alone without a drafter)."""
+    if spec.drafter is None:
+        return TargetOnly()
+    route = registry.get(spec.drafter.kind).engine
+    if not route.supported:
+        raise UsageError(route.refusal or f"no TensorRT-LLM engine layout for {spec.drafter.kind} heads")
+    if route.layout not in LAYOUTS:
+        raise UsageError(f"no checkpoint writer for TensorRT-LLM layout {route.layout!r}")
+    return LAYOUTS[route.layout](spec.drafter.kind)

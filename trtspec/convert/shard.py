@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.checkpoint.tensors import TensorStore
 
 

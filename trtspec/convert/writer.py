@@ -18,7 +18,7 @@ from typing import BinaryIO
 import torch
 
 from trtspec.fsutil import atomic_directory  # noqa: F401  (re-exported)
-from trtspec.checkpoint.errors import CheckpointError
+from trtspec.errors import CheckpointError
 
 #: torch dtype -> (safetensors dtype string, bytes per element)
 ST_DTYPE = {

@@ -6,17 +6,13 @@ from pathlib import Path
 
 import click
 
-from trtspec.checkpoint.load import load_spec_model, load_tokenizer
+from trtspec.load import load_spec_model, load_tokenizer
 from trtspec.demo.build import build_demo
+from trtspec.drafters import registry
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 from trtspec.runtime.report import table
 
 DEMO_PROMPTS = ("Hello there!", "Tell me about speculative decoding.", "2 + 2 =")
-KINDS = ("draft-model", "medusa", "mtp-linear", "mtp-single", "eagle", "eagle3")
-
-
-#: kinds the demo trains (seconds each) when --train is on; the others keep random weights
-TRAINED_KINDS = ("medusa", "mtp-linear", "mtp-single", "eagle")
 
 
 def demo_prompt_ids(target: Path) -> list[list[int]]:
@@ -32,7 +28,7 @@ def train_demo_heads(paths: dict[str, Path], out: Path, ids: list[list[int]], ma
     from trtspec.train.quick import quick_train_heads
 
     trained = dict(paths)
-    for kind in TRAINED_KINDS:
+    for kind in registry.trainable():  # seconds each; the other kinds keep their demo weights
         click.echo(f"training {kind} heads on the target's replies to the demo prompts")
         trained[kind] = quick_train_heads(paths["target"], kind, out / "trained" / kind, prompts=ids,
                                           gen_tokens=max_new_tokens, steps=60)
@@ -43,7 +39,7 @@ def run_kinds(paths: dict[str, Path], max_new_tokens: int, trained: bool) -> tup
     """Plain vs speculative greedy for every kind on the demo prompts (batch of 3)."""
     rows, all_same = [], True
     ids = demo_prompt_ids(paths["target"])
-    for kind in KINDS:
+    for kind in registry.names():
         spec = load_spec_model(paths["target"], paths[kind])
         gen = SpeculativeGenerator(spec)
         cfg = GenerationConfig(max_new_tokens=max_new_tokens)
@@ -52,7 +48,7 @@ def run_kinds(paths: dict[str, Path], max_new_tokens: int, trained: bool) -> tup
         same = res.tokens == plain.tokens
         all_same &= same
         m = res.metrics
-        origin = "trained" if trained and kind in TRAINED_KINDS else ("truncated" if kind == "draft-model" else "random")
+        origin = "trained" if trained and kind in registry.trainable() else "untrained"
         rows.append([kind, origin, spec.tree.num_nodes, "yes" if same else "NO", m.mean_acceptance_length,
                      " ".join(f"{p:.2f}" for p in m.per_position_acceptance[:4]), m.target_steps,
                      plain.metrics.target_steps, plain.metrics.wall_s / max(m.wall_s, 1e-9)])
@@ -63,7 +59,8 @@ def run_build_step(paths: dict[str, Path], out: Path) -> int:
     """The main job on the demo: `trtspec build` (checkpoint, plan, build script, Triton repository)."""
     from trtspec.cli import main
 
-    args = ["build", "--target", str(paths["target"]), "--heads", str(paths["medusa"]), "--config", "demo",
+    kind = next(n for n, k in registry.KINDS.items() if k.engine.supported and k.engine.draft_len == "nodes")
+    args = ["build", "--target", str(paths["target"]), "--heads", str(paths[kind]), "--config", "demo",
             "--tree", "chain:3", "--out", str(out), "--allow-no-gpu", "--overwrite", "--no-progress"]
     click.echo("\n$ trtspec " + " ".join(args))
     try:
@@ -85,5 +82,5 @@ def run_demo(out: Path, max_new_tokens: int, train: bool = True) -> int:
                else "MISMATCH: speculative output differs from plain greedy")
     click.echo("(speedup on this 4-layer toy target mostly measures Python overhead; real-model numbers come "
                "from scripts/bench_*.py)")
-    code = run_build_step(paths, out / "build-medusa")
+    code = run_build_step(paths, out / "build")
     return code if same else 1

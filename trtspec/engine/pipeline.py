@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec import __version__
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.convert.core import ConvertResult, ProgressFn, convert_into, plan_conversion
 from trtspec.convert.modes import ConvertOptions
 from trtspec.convert.writer import atomic_directory

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 
 _CHECKOUT_PRESETS = Path(__file__).resolve().parents[2] / "build_configs"
 #: the checkout's build_configs/, else the copy a wheel installs under <prefix>/share/trtspec/

@@ -16,7 +16,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.engine.plan import MODEL_CLS_FILE, TRTLLM_VERSION_PREFIX, BuildPlan, EngineBuild
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.kernels.build import KERNELS_LIB, default_kernels_library
 
 #: Must equal TRTSPEC_KERNELS_ABI_VERSION in the header.

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 
 #: Compute capabilities compiled by default: Ampere (A100), Hopper (H100/H200), Blackwell (B200).
 DEFAULT_ARCHS: tuple[str, ...] = ("80", "90", "100")

@@ -14,7 +14,7 @@ import torch
 
 from trtspec.kernels.bindings import TreeVerifyOutput, rmsnorm_out_shape
 from trtspec.models.llama import rms_norm
-from trtspec.runtime.tree import TreeBuffers
+from trtspec.tree import TreeBuffers
 from trtspec.runtime.verify import VerifyResult, process_logits, verify_greedy, verify_sampling
 
 #: Stated tolerances of the RMSNorm kernel against rms_norm (atol, rtol), per dtype. The kernel's sum of

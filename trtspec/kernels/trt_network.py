@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.kernels.build import PLUGINS_LIB, default_plugins_library
 
 PLUGIN_NAMESPACE = "trtspec"

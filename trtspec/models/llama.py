@@ -109,9 +109,6 @@ class KVCache:
                         t[b, start:start + n] = t[b, src]
             self.lengths[b] += n
 
-    def truncate(self, lengths: torch.Tensor) -> None:
-        self.lengths = lengths.clone()
-
 
 def attention_mask(lengths: torch.Tensor, new_mask: torch.Tensor) -> torch.Tensor:
     """[B, 1, T, S] bool: query i of sequence b sees the committed prefix and the new tokens that

@@ -62,9 +62,15 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, self.in_features).to(torch.bfloat16), self.packed,
-                                               self.bias, "none", [], "")
-        return y.view(*lead, self.out_features)
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        # oneDNN runs a single row through a kernel of its own whose sums round differently on some CPUs
+        # (seen on AVX512-BF16 without AMX: SmolLM2's down_proj, K=1536); two rows take the kernel every
+        # larger batch takes, so plain decoding (1 row) and a tree step (N rows) give the same bits.
+        single = rows.shape[0] == 1
+        if single:
+            rows = rows.expand(2, -1)
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return (y[:1] if single else y).reshape(*lead, self.out_features)
 
 
 def pack_module(module: nn.Module) -> int:

@@ -1,28 +1,38 @@
 """The speculative decoding loop (the oracle every kernel, engine and server path is checked against).
 
-One step, per batch:  drafter proposes a tree -> target runs [root + tree] with the tree mask and depth
-position offsets -> verify (greedy or lossless sampling) -> KV cache keeps root + accepted nodes ->
-drafter observes the target's hidden states at the kept nodes. Plain decoding is the same loop with an
-empty tree, so "speculative == plain" compares two runs of the very same model code.
+Four flat steps, each a short function over one ``Batch`` of sequences:
+
+    prefill  -> the target reads the prompts; the first token is picked; the drafter observes the prompts
+    propose  -> the drafter turns what it observed into a tree of token ids [B, tree.size]
+    verify   -> the target runs [root + tree] with the tree mask and depth offsets; greedy or lossless
+                sampling picks the accepted path and the bonus token per sequence
+    commit   -> the KV cache keeps root + accepted nodes; the tokens are clipped at eos / max tokens; the
+                drafter observes the target's hidden states at the kept nodes
+
+Plain decoding is the same loop with an empty tree, so "speculative == plain" compares two runs of the
+very same model code. Metrics are values: every step returns its own ``SpecMetrics`` and callers
+``merge`` them; nothing is stored on the generator between calls.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from trtspec.models.llama import build_llama, causal_mask
+from trtspec.drafters import registry
+from trtspec.drafters.base import Drafter
+from trtspec.drafters.proposers import pad_rows
+from trtspec.models.llama import KVCache, LlamaModel, build_llama, causal_mask
 from trtspec.models.packed import pack_if_bf16
-from trtspec.runtime.drafters import Drafter, _pad, build_drafter
-from trtspec.runtime.tree import TreeBuffers, build_tree
-from trtspec.runtime.verify import process_logits, verify_greedy, verify_sampling
+from trtspec.runtime.verify import VerifyResult, process_logits, verify_greedy, verify_sampling
 from trtspec.spec import SpecModel
+from trtspec.tree import TreeBuffers, build_tree
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationConfig:
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 = greedy
@@ -66,13 +76,19 @@ class SpecMetrics:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
-    def record(self, accepted: int, nodes: int) -> None:
-        while len(self.acceptance_histogram) <= max(accepted, self.max_depth):
-            self.acceptance_histogram.append(0)
-        self.acceptance_histogram[accepted] += 1
-        self.sequence_steps += 1
-        self.accepted_draft_tokens += accepted
-        self.draft_tokens += nodes
+    def merge(self, other: SpecMetrics) -> SpecMetrics:
+        """The metrics of both runs (or steps) together; neither operand changes."""
+        n = max(len(self.acceptance_histogram), len(other.acceptance_histogram))
+        hist = [(self.acceptance_histogram[i] if i < len(self.acceptance_histogram) else 0)
+                + (other.acceptance_histogram[i] if i < len(other.acceptance_histogram) else 0) for i in range(n)]
+        return SpecMetrics(
+            target_steps=self.target_steps + other.target_steps,
+            sequence_steps=self.sequence_steps + other.sequence_steps,
+            draft_tokens=self.draft_tokens + other.draft_tokens,
+            accepted_draft_tokens=self.accepted_draft_tokens + other.accepted_draft_tokens,
+            new_tokens=self.new_tokens + other.new_tokens, wall_s=self.wall_s + other.wall_s,
+            prefill_s=self.prefill_s + other.prefill_s, acceptance_histogram=hist,
+            max_depth=max(self.max_depth, other.max_depth))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -82,14 +98,27 @@ class SpecMetrics:
         return d
 
 
-@dataclass
+def step_metrics(accepted: list[int | None], new_tokens: int, draft_nodes: int, max_depth: int,
+                 wall_s: float) -> SpecMetrics:
+    """One target step's metrics; ``accepted`` has None for sequences that had already finished."""
+    live = [a for a in accepted if a is not None]
+    hist = [0] * (max(live + [max_depth]) + 1)
+    for a in live:
+        hist[a] += 1
+    return SpecMetrics(target_steps=1, sequence_steps=len(live), draft_tokens=draft_nodes * len(live),
+                       accepted_draft_tokens=sum(live), new_tokens=new_tokens, wall_s=wall_s,
+                       acceptance_histogram=hist, max_depth=max_depth)
+
+
+@dataclass(frozen=True)
 class StepOutput:
     """What one iteration of the loop committed, per sequence: the new tokens (clipped at eos and
-    max_new_tokens) and the number of draft tokens the target accepted (None for the prefill's first
-    token and for sequences that had already finished)."""
+    max_new_tokens), the number of draft tokens the target accepted (None for the prefill's first token
+    and for sequences that had already finished), and this step's metrics alone."""
 
     tokens: list[list[int]]
     accepted: list[int | None]
+    metrics: SpecMetrics
 
 
 @dataclass
@@ -98,14 +127,152 @@ class GenerationResult:
     metrics: SpecMetrics
 
 
-def _eos_set(eos) -> set[int]:
+@dataclass
+class Batch:
+    """The loop's state for one batch of sequences: the target's KV cache, the next root token per
+    sequence, what each sequence produced, and which are done."""
+
+    cache: KVCache
+    root: torch.Tensor  # [B] the last committed token, not yet fed to the target
+    produced: list[list[int]]
+    done: list[bool]
+    eos: frozenset[int]
+    cfg: GenerationConfig
+    steps: int = 0
+
+
+def eos_set(eos) -> frozenset[int]:
     if eos is None:
-        return set()
-    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
+        return frozenset()
+    return frozenset({int(eos)} if isinstance(eos, int) else {int(e) for e in eos})
+
+
+def pick_token(logits: torch.Tensor, cfg: GenerationConfig, gen: torch.Generator) -> torch.Tensor:
+    """Greedy or sampled token per row (the prefill's first token: no draft to verify yet)."""
+    if cfg.greedy:
+        return logits.argmax(-1)
+    probs = process_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+    return torch.multinomial(probs, 1, generator=gen).flatten()
+
+
+def clip_tokens(produced: list[int], new: list[int], cfg: GenerationConfig, eos: frozenset[int]) -> list[int]:
+    """The committed tokens a sequence keeps: up to max_new_tokens, through the first eos."""
+    out = []
+    for t in new[: cfg.max_new_tokens - len(produced)]:
+        out.append(t)
+        if t in eos:
+            break
+    return out
+
+
+def finished(produced: list[int], cfg: GenerationConfig, eos: frozenset[int]) -> bool:
+    return len(produced) >= cfg.max_new_tokens or (bool(produced) and produced[-1] in eos)
+
+
+def prefill(target: LlamaModel, drafter: Drafter | None, prompts: list[list[int]], cfg: GenerationConfig,
+            tree: TreeBuffers) -> tuple[Batch, StepOutput]:
+    """Run the prompts through the target, pick each sequence's first token, let the drafter observe."""
+    t0 = time.perf_counter()
+    B = len(prompts)
+    longest = max(len(p) for p in prompts)
+    capacity = longest + cfg.max_new_tokens + tree.size + 1
+    cache = target.new_cache(B, capacity)
+    ids, valid = pad_rows([torch.tensor(p, dtype=torch.long) for p in prompts])
+    positions = torch.arange(ids.shape[1])[None].expand(B, -1)
+    aux_layers = drafter.aux_layers if drafter is not None else ()
+    hidden, aux = target(ids, positions, cache, causal_mask(ids.shape[1]) & valid[:, None, :], aux_layers)
+    lengths = valid.sum(1)
+    cache.commit([torch.arange(int(n)) for n in lengths])
+    last = hidden[torch.arange(B), lengths - 1]
+    root = pick_token(target.logits(last), cfg, torch.Generator().manual_seed(cfg.seed))
+    if drafter is not None:
+        drafter.reset(B, capacity)
+        aux_cat = torch.cat(aux, -1) if aux else None
+        drafter.observe([hidden[b, : lengths[b]] for b in range(B)],
+                        [aux_cat[b, : lengths[b]] for b in range(B)] if aux_cat is not None else None,
+                        [ids[b, : lengths[b]] for b in range(B)],
+                        [torch.cat([ids[b, 1: lengths[b]], root[b:b + 1]]) for b in range(B)])
+    eos = eos_set(cfg.eos_token_id)
+    produced = [[int(root[b])] for b in range(B)]
+    batch = Batch(cache, root, produced, [finished(p, cfg, eos) for p in produced], eos, cfg)
+    wall = time.perf_counter() - t0
+    metrics = SpecMetrics(new_tokens=B, wall_s=wall, prefill_s=wall, max_depth=tree.max_depth)
+    return batch, StepOutput([list(p) for p in produced], [None] * B, metrics)
+
+
+def propose(drafter: Drafter | None, tree: TreeBuffers, batch: Batch) -> torch.Tensor:
+    """The draft tree's tokens [B, tree.size] (column 0 = root); just the root when not speculating."""
+    return drafter.propose(tree, batch.root) if drafter is not None else batch.root[:, None]
+
+
+def verify(target: LlamaModel, tree: TreeBuffers, drafts: torch.Tensor, batch: Batch,
+           aux_layers: tuple[int, ...]) -> tuple[VerifyResult, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """One target forward over [root + tree]; the accepted path and bonus token per sequence, plus the
+    hidden states (and aux layers') the drafter will observe at the kept nodes."""
+    positions = batch.cache.lengths[:, None] + tree.depths[None, :]
+    hidden, aux = target(drafts, positions, batch.cache, tree.mask[None], aux_layers)
+    logits = target.logits(hidden)
+    cfg = batch.cfg
+    if cfg.greedy:
+        return verify_greedy(tree, drafts, logits.argmax(-1)), hidden, aux
+    probs = process_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+    return verify_sampling(tree, drafts, probs, seed=cfg.seed * 1_000_003 + batch.steps), hidden, aux
+
+
+def commit(drafter: Drafter | None, tree: TreeBuffers, batch: Batch, drafts: torch.Tensor, res: VerifyResult,
+           hidden: torch.Tensor, aux: tuple[torch.Tensor, ...]) -> tuple[list[list[int]], list[int | None]]:
+    """Keep root + accepted nodes in the KV cache, hand each live sequence its new tokens, and let the
+    drafter observe the target's states at the kept nodes."""
+    keep = [torch.tensor(k, dtype=torch.long) for k in res.keep_nodes]
+    batch.cache.commit(keep)
+    batch.steps += 1
+    fresh: list[list[int]] = []
+    accepted: list[int | None] = []
+    for b in range(len(batch.produced)):
+        if batch.done[b]:
+            fresh.append([])
+            accepted.append(None)
+            continue
+        new = clip_tokens(batch.produced[b], res.tokens[b], batch.cfg, batch.eos)
+        batch.produced[b].extend(new)
+        batch.done[b] = finished(batch.produced[b], batch.cfg, batch.eos)
+        fresh.append(new)
+        accepted.append(res.accepted_len[b])
+    batch.root = torch.tensor(res.bonus, dtype=torch.long)
+    if drafter is not None:
+        B = len(keep)
+        aux_cat = torch.cat(aux, -1) if aux else None
+        drafter.observe([hidden[b, keep[b]] for b in range(B)],
+                        [aux_cat[b, keep[b]] for b in range(B)] if aux_cat is not None else None,
+                        [drafts[b, keep[b]] for b in range(B)], [torch.tensor(res.tokens[b]) for b in range(B)])
+    return fresh, accepted
+
+
+def decode(target: LlamaModel, drafter: Drafter | None, tree: TreeBuffers, prompts: list[list[int]],
+           cfg: GenerationConfig) -> Iterator[StepOutput]:
+    """The whole loop: prefill, then propose -> verify -> commit until every sequence is done. With no
+    drafter (or an empty tree) it is plain decoding through the same code."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if cfg.max_new_tokens <= 0:
+        raise ValueError("max_new_tokens must be >= 1")
+    if drafter is None or tree.num_nodes == 0:
+        drafter, tree = None, build_tree(())
+    batch, first = prefill(target, drafter, prompts, cfg, tree)
+    yield first
+    aux_layers = drafter.aux_layers if drafter is not None else ()
+    while not all(batch.done):
+        t0 = time.perf_counter()
+        drafts = propose(drafter, tree, batch)
+        res, hidden, aux = verify(target, tree, drafts, batch, aux_layers)
+        fresh, accepted = commit(drafter, tree, batch, drafts, res, hidden, aux)
+        metrics = step_metrics(accepted, sum(len(f) for f in fresh), tree.num_nodes, tree.max_depth,
+                               time.perf_counter() - t0)
+        yield StepOutput(fresh, accepted, metrics)
 
 
 class SpeculativeGenerator:
-    """Holds the target and drafter modules (built once from a SpecModel) and runs the loop."""
+    """The target and drafter modules, built once from a SpecModel, and the loop's public entry points."""
 
     def __init__(self, spec: SpecModel, device: str = "cpu", dtype: torch.dtype | None = None):
         """``dtype`` defaults to float32 on a CPU (the exact oracle) and to the checkpoint's elsewhere. In
@@ -117,124 +284,38 @@ class SpeculativeGenerator:
         self.device = device
         self.drafter: Drafter | None = None
         if spec.drafter is not None:
-            self.drafter = build_drafter(spec.drafter, self.target, self.dtype)
+            self.drafter = registry.get(spec.drafter.kind).build(spec.drafter, self.target, self.dtype)
         self.packed = pack_if_bf16(self.target, self.dtype, device)
         if self.packed and self.drafter is not None:
             self.drafter.pack(self.target.lm_head)
+        #: the spec's tree; a call may pass another one (trees are values, never swapped on the generator)
         self.tree: TreeBuffers = build_tree(spec.tree.choices)
-        self.plain_tree: TreeBuffers = build_tree(())
-        self.last_metrics = SpecMetrics()
 
-    # The loop -----------------------------------------------------------------------------------
     @torch.no_grad()
-    def stream_batch(self, prompts: list[list[int]], cfg: GenerationConfig) -> Iterator[StepOutput]:
+    def stream_batch(self, prompts: list[list[int]], cfg: GenerationConfig,
+                     tree: TreeBuffers | None = None) -> Iterator[StepOutput]:
         """Yield, after the prefill and after every target step, what each sequence committed."""
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise ValueError("every prompt needs at least one token")
-        if cfg.max_new_tokens <= 0:
-            raise ValueError("max_new_tokens must be >= 1")
-        spec_on = cfg.speculative and self.drafter is not None and self.tree.num_nodes > 1
-        tree = self.tree if spec_on else self.plain_tree
-        B = len(prompts)
-        eos = _eos_set(cfg.eos_token_id)
-        metrics = SpecMetrics(max_depth=tree.max_depth)
-        self.last_metrics = metrics
-        t0 = time.perf_counter()
-        longest = max(len(p) for p in prompts)
-        cache = self.target.new_cache(B, longest + cfg.max_new_tokens + tree.num_nodes + 1)
-        ids, valid = _pad([torch.tensor(p, dtype=torch.long) for p in prompts])
-        positions = torch.arange(ids.shape[1])[None].expand(B, -1)
-        aux_layers = self.drafter.aux_layers if spec_on else ()
-        hidden, aux = self.target(ids, positions, cache, causal_mask(ids.shape[1]) & valid[:, None, :], aux_layers)
-        lengths = valid.sum(1)
-        cache.commit([torch.arange(int(n)) for n in lengths])
-        last = hidden[torch.arange(B), lengths - 1]
-        gen = torch.Generator().manual_seed(cfg.seed)
-        root = self._pick(self.target.logits(last), cfg, gen)
-        if spec_on:
-            self.drafter.reset(B, longest + cfg.max_new_tokens + tree.num_nodes + 1)
-            aux_cat = torch.cat(aux, -1) if aux else None
-            self.drafter.observe([hidden[b, : lengths[b]] for b in range(B)],
-                                 [aux_cat[b, : lengths[b]] for b in range(B)] if aux_cat is not None else None,
-                                 [ids[b, : lengths[b]] for b in range(B)],
-                                 [torch.cat([ids[b, 1: lengths[b]], root[b:b + 1]]) for b in range(B)])
-        metrics.prefill_s = time.perf_counter() - t0
-        produced = [[int(root[b])] for b in range(B)]
-        done = [self._finished(produced[b], cfg, eos) for b in range(B)]
-        metrics.new_tokens = B
-        yield StepOutput([list(p) for p in produced], [None] * B)
-        step = 0
-        while not all(done):
-            drafts = self.drafter.propose(tree, root) if spec_on else root[:, None]
-            positions = cache.lengths[:, None] + tree.depths[None, :]
-            hidden, aux = self.target(drafts, positions, cache, tree.mask[None], aux_layers)
-            logits = self.target.logits(hidden)
-            if cfg.greedy:
-                res = verify_greedy(tree, drafts, logits.argmax(-1))
-            else:
-                probs = process_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-                res = verify_sampling(tree, drafts, probs, seed=cfg.seed * 1_000_003 + step)
-            keep = [torch.tensor(k, dtype=torch.long) for k in res.keep_nodes]
-            cache.commit(keep)
-            step += 1
-            metrics.target_steps += 1
-            fresh: list[list[int]] = []
-            accepted: list[int | None] = []
-            for b in range(B):
-                if done[b]:
-                    fresh.append([])
-                    accepted.append(None)
-                    continue
-                accepted.append(res.accepted_len[b])
-                metrics.record(res.accepted_len[b], tree.num_nodes - 1)
-                new = self._clip(produced[b], res.tokens[b], cfg, eos)
-                produced[b].extend(new)
-                metrics.new_tokens += len(new)
-                fresh.append(new)
-                done[b] = self._finished(produced[b], cfg, eos)
-            root = torch.tensor(res.bonus, dtype=torch.long)
-            if spec_on:
-                aux_cat = torch.cat(aux, -1) if aux else None
-                self.drafter.observe([hidden[b, keep[b]] for b in range(B)],
-                                     [aux_cat[b, keep[b]] for b in range(B)] if aux_cat is not None else None,
-                                     [drafts[b, keep[b]] for b in range(B)],
-                                     [torch.tensor(res.tokens[b]) for b in range(B)])
-            metrics.wall_s = time.perf_counter() - t0
-            yield StepOutput(fresh, accepted)
-        metrics.wall_s = time.perf_counter() - t0
+        drafter = self.drafter if cfg.speculative else None
+        yield from decode(self.target, drafter, tree if tree is not None else self.tree, prompts, cfg)
 
-    @staticmethod
-    def _pick(logits: torch.Tensor, cfg: GenerationConfig, gen: torch.Generator) -> torch.Tensor:
-        if cfg.greedy:
-            return logits.argmax(-1)
-        probs = process_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
-        return torch.multinomial(probs, 1, generator=gen).flatten()
-
-    @staticmethod
-    def _clip(produced: list[int], new: list[int], cfg: GenerationConfig, eos: set[int]) -> list[int]:
-        room = cfg.max_new_tokens - len(produced)
-        out = []
-        for t in new[:room]:
-            out.append(t)
-            if t in eos:
-                break
-        return out
-
-    @staticmethod
-    def _finished(produced: list[int], cfg: GenerationConfig, eos: set[int]) -> bool:
-        return len(produced) >= cfg.max_new_tokens or (bool(produced) and produced[-1] in eos)
-
-    # Public API ---------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], cfg: GenerationConfig | None = None) -> GenerationResult:
+    def generate(self, prompts: list[list[int]], cfg: GenerationConfig | None = None,
+                 tree: TreeBuffers | None = None) -> GenerationResult:
         cfg = cfg or GenerationConfig()
         out: list[list[int]] = [[] for _ in prompts]
-        for step in self.stream_batch(prompts, cfg):
+        metrics = SpecMetrics()
+        for step in self.stream_batch(prompts, cfg, tree):
+            metrics = metrics.merge(step.metrics)
             for b, toks in enumerate(step.tokens):
                 out[b].extend(toks)
-        return GenerationResult(out, self.last_metrics)
+        return GenerationResult(out, metrics)
 
     def stream(self, prompt: list[int], cfg: GenerationConfig | None = None) -> Iterator[list[int]]:
         """Batch-1 streaming: one list of newly committed tokens per target step."""
         for step in self.stream_batch([prompt], cfg or GenerationConfig()):
             if step.tokens[0]:
                 yield step.tokens[0]
+
+
+def plain(cfg: GenerationConfig) -> GenerationConfig:
+    """The same settings with speculation off (for side-by-side comparisons)."""
+    return replace(cfg, speculative=False)

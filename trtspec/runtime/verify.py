@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trtspec.runtime.tree import TreeBuffers
+from trtspec.tree import TreeBuffers
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):

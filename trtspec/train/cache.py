@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trtspec.checkpoint.errors import CheckpointError, UsageError
+from trtspec.errors import CheckpointError, UsageError
 from trtspec.models.llama import LlamaModel, build_llama, causal_mask
 from trtspec.spec import TargetSpec
 

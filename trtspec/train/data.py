@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtspec.checkpoint.errors import CheckpointError, UsageError
+from trtspec.errors import CheckpointError, UsageError
 
 _ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
              "bot": "assistant", "system": "system"}

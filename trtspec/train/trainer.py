@@ -1,6 +1,6 @@
 """Training loop for draft heads on the self-distillation cache (no target forward during training).
 
-Alignment (the runtime's, see trtspec/runtime/drafters.py), with a_q the target's greedy choice at q:
+Alignment (the runtime's, see trtspec/drafters/proposers.py), with a_q the target's greedy choice at q:
   * medusa / mtp-linear: head k on h_q is trained towards a_{q+k+1} (= x_{q+k+2} on the target's text).
   * eagle / mtp-single: step s on (feature, x_{q+s+1}) at position q+s is trained towards a_{q+s+1};
     step 0's feature is h_q, later steps feed the drafter's own output (``unroll`` steps, as at depth > 1).
@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 from trtspec.spec import TargetSpec
 from trtspec.train.cache import HiddenCache
-from trtspec.train.heads import LINEAR_KINDS, make_module
+from trtspec.train.heads import make_module, recipe
 from trtspec.train.losses import sparse_ce, targets
 from trtspec.train.unroll import unrolled
 
@@ -225,13 +225,14 @@ def _head_features(head: nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 
 class RecurrentLoss(nn.Module):
-    def __init__(self, module: nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, cfg: TrainConfig):
+    def __init__(self, module: nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, cfg: TrainConfig,
+                 feature_regression: bool = False):
         super().__init__()
         self.module, self.cfg = module, cfg
         self.register_buffer("embed", embed, persistent=False)
         self.register_buffer("lm_head", lm_head, persistent=False)
         self.register_buffer("eye", torch.eye(embed.shape[1], dtype=embed.dtype), persistent=False)
-        self.is_eagle = module.__class__.__name__ == "EagleHead"
+        self.feature_regression = feature_regression  # EAGLE: also regress the target's next hidden state
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         steps = batch["tokens"].shape[0]
@@ -249,7 +250,7 @@ class RecurrentLoss(nn.Module):
             ce = sparse_ce(z.reshape(-1, H), self.lm_head, idx, w)
             n = valid.sum().clamp_min(1)
             step_loss = ce / n
-            if self.is_eagle and self.cfg.reg_weight > 0:
+            if self.feature_regression and self.cfg.reg_weight > 0:
                 reg = F.smooth_l1_loss(out.reshape(-1, H), batch["next_hidden"][s].reshape(-1, H), reduction="none")
                 step_loss = step_loss + self.cfg.reg_weight * (reg.mean(-1) * valid.float()).sum() / n
             total = total + (self.cfg.step_decay ** s) * step_loss
@@ -341,7 +342,8 @@ def train(target: TargetSpec, cache: HiddenCache, cfg: TrainConfig, ckpt_dir: st
         lm = lm[torch.from_numpy(vocab)].contiguous()
         remap = _Remap(vocab, target.arch.vocab_size)
     module = make_module(cfg.kind, target, cfg.num_heads, cfg.rmsnorm, cfg.seed)
-    linear = cfg.kind in LINEAR_KINDS
+    kind_recipe = recipe(cfg.kind)
+    linear = kind_recipe.style == "heads"
     want_topk = cfg.soft_weight > 0
     if want_topk and not cache.has_topk:
         raise UsageError("--soft-weight needs a cache built with --topk > 0")
@@ -357,7 +359,7 @@ def train(target: TargetSpec, cache: HiddenCache, cfg: TrainConfig, ckpt_dir: st
     per_batch = max(per_batch, world)
     steps_per_epoch = max(1, universe // per_batch)
     total = cfg.steps if cfg.steps is not None else max(1, int(round(cfg.epochs * steps_per_epoch)))
-    wrapper: nn.Module = LinearLoss(module, lm, cfg) if linear else RecurrentLoss(module, embed, lm, cfg)
+    wrapper: nn.Module = LinearLoss(module, lm, cfg) if linear else RecurrentLoss(module, embed, lm, cfg, kind_recipe.feature_regression)
     wrapper = wrapper.to(device)
     params = [p for p in wrapper.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]

@@ -109,7 +109,7 @@ def measure_ranks(drafter, cache: HiddenCache, depth: int, max_positions: int = 
     """[n, depth] true-token ranks per calibration position for a runtime Drafter (HeadsDrafter or a
     pair RecurrentDrafter) on a cache of the target's own text (positions of the target's replies only)."""
     from trtspec.checkpoint.heads.draft_vocab import to_draft_index
-    from trtspec.runtime.drafters import HeadsDrafter
+    from trtspec.drafters.proposers import HeadsDrafter
 
     rows = []
     total = 0

@@ -11,8 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from trtspec.checkpoint.errors import UsageError
-from trtspec.runtime.tree import build_tree as tree_buffers, format_choices_json, format_choices_trtllm
+from trtspec.errors import UsageError
+from trtspec.tree import build_tree as tree_buffers, format_choices_json, format_choices_trtllm
 from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.tune import build_tree, expected_length, measure_ranks, path_probs_from_ranks, per_depth_topk
 
@@ -21,9 +21,7 @@ def _default_depth(gen) -> int:
     d = gen.drafter
     if d is None:
         raise UsageError("tune-tree needs heads (--heads)")
-    if d.kind in ("medusa", "mtp-linear"):
-        return len(d.heads.heads)
-    return 5
+    return d.max_depth if d.max_depth is not None else 5
 
 
 def measure_decode(gen, items: list[list[int]], trees: dict[int, tuple], max_new_tokens: int, eos,
@@ -45,8 +43,7 @@ def measure_decode(gen, items: list[list[int]], trees: dict[int, tuple], max_new
             base["wall"] += r.metrics.wall_s
             ref = r.tokens
         for n in trees:
-            gen.tree = buffers[n]
-            r = gen.generate([p], cfg)
+            r = gen.generate([p], cfg, tree=buffers[n])
             m = r.metrics
             a = acc[n]
             a["steps"] += m.sequence_steps
@@ -75,8 +72,8 @@ def tune_on_cache(gen, cache: HiddenCache, eval_items: list[list[int]], budgets:
                   topk: int = 8, max_new_tokens: int = 64, speed: bool = True, echo=print) -> dict:
     """The tuning core, on an already-built calibration cache and a loaded SpeculativeGenerator."""
     depth = depth or _default_depth(gen)
-    if gen.drafter.kind in ("medusa", "mtp-linear") and depth > len(gen.drafter.heads.heads):
-        raise UsageError(f"--depth {depth} exceeds the {len(gen.drafter.heads.heads)} heads")
+    if gen.drafter.max_depth is not None and depth > gen.drafter.max_depth:
+        raise UsageError(f"--depth {depth} exceeds the {gen.drafter.max_depth} heads")
     ranks = measure_ranks(gen.drafter, cache, depth)
     probs = path_probs_from_ranks(ranks, topk)
     table = per_depth_topk(ranks, topk)
@@ -114,7 +111,7 @@ def tune(target, heads, heads_format, calib_samples, eval_samples, budgets, dept
     cache and the timed decoding both run in ``dtype`` (bfloat16: pre-packed CPU kernels)."""
     import torch
 
-    from trtspec.checkpoint.load import load_spec_model, load_tokenizer
+    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.runtime.generate import SpeculativeGenerator
     from trtspec.train.data import encode_prompt
 
@@ -130,7 +127,7 @@ def tune(target, heads, heads_format, calib_samples, eval_samples, budgets, dept
 
 def record_tree(heads: Path, choices) -> None:
     """Store the tuned tree in trtspec-heads metadata, where the loader picks it up as the default tree."""
-    from trtspec.checkpoint.heads.mtp import META_FILE
+    from trtspec.drafters.trtspec_heads import META_FILE
 
     meta_path = (heads if heads.is_dir() else heads.parent) / META_FILE
     if not meta_path.is_file():

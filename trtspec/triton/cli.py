@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from trtspec.checkpoint.errors import CheckpointError, UsageError
+from trtspec.errors import CheckpointError, UsageError
 
 DEFAULT_CONTAINER = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"
 
@@ -66,7 +66,7 @@ def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_d
     """Fill the Triton templates for a target + heads, validate every config.pbtxt against Triton's
     ModelConfig schema, and write the repository (preprocessing, tensorrt_llm, postprocessing, ensemble,
     tensorrt_llm_bls)."""
-    from trtspec.checkpoint.load import load_spec_model
+    from trtspec.load import load_spec_model
     from trtspec.triton.emit import emit_repository
 
     fields: dict = {}

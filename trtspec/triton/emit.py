@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from trtspec.checkpoint.errors import CheckpointError, UsageError
+from trtspec.drafters import registry
+from trtspec.errors import CheckpointError, UsageError
 from trtspec.spec import SpecModel
 from trtspec.triton.validate import PLACEHOLDER, validate_repository
 
@@ -44,9 +45,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 #: where the tokenizer goes inside the repository (a model's version dir: Triton ignores its contents)
 TOKENIZER_SUBDIR = "preprocessing/1/tokenizer"
 PLUGIN_SUBDIR = "tensorrt_llm/1/plugins"
-#: TensorRT-LLM's Triton decoding_mode for each drafter kind on the engine path
-DECODING_MODE = {"medusa": "medusa", "mtp-linear": "medusa", "eagle": "eagle", "mtp-single": "eagle",
-                 "draft-model": None, "eagle3": None}
 
 DEFAULTS: dict[str, Any] = {
     "triton_max_batch_size": 8,
@@ -117,20 +115,21 @@ def _dtype_name(dtype) -> str:
 
 def speculative_values(spec: SpecModel, runtime: str) -> dict[str, Any]:
     """decoding_mode, medusa_choices / eagle_choices and max_draft_len from the spec's drafter and tree."""
-    from trtspec.runtime.tree import format_choices_json, format_choices_trtllm
+    from trtspec.tree import format_choices_json, format_choices_trtllm
 
     d = spec.drafter
     vals: dict[str, Any] = {"decoding_mode": None, "medusa_choices": None, "eagle_choices": None,
                             "max_draft_len": None, "trtspec_drafter_kind": None, "trtspec_tree_choices": None}
     if d is None or not spec.tree.choices:
         return vals
-    if runtime == "trtllm" and d.kind == "eagle3":
-        raise UsageError("EAGLE-3 heads run only on TensorRT-LLM's PyTorch backend, not on engines",
-                         fix="emit --runtime reference, or serve EAGLE-3 with trtllm-serve")
-    mode = DECODING_MODE.get(d.kind)
+    route = registry.get(d.kind).engine
+    if runtime == "trtllm" and not route.supported:
+        raise UsageError(f"{d.kind} heads have no TensorRT engine: {route.refusal}",
+                         fix="emit --runtime reference")
+    mode = route.triton_decoding_mode
     vals.update(decoding_mode=mode, trtspec_drafter_kind=d.kind,
                 trtspec_tree_choices=format_choices_json(spec.tree.choices),
-                max_draft_len=spec.tree.depth if d.kind == "draft-model" else spec.tree.num_nodes)
+                max_draft_len=spec.tree.depth if route.draft_len == "depth" else spec.tree.num_nodes)
     if mode == "medusa":
         vals["medusa_choices"] = format_choices_trtllm(spec.tree.choices)
     elif mode == "eagle":

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 
 
 @dataclass
@@ -149,8 +149,8 @@ class ReferenceBackend:
     @property
     def spec_nodes(self) -> int:
         """Draft tokens verified per target step (tree nodes without the root) when speculation is on."""
-        on = self.speculative and self.gen.drafter is not None and self.gen.tree.num_nodes > 1
-        return self.gen.tree.num_nodes - 1 if on else 0
+        on = self.speculative and self.gen.drafter is not None
+        return self.gen.tree.num_nodes if on else 0
 
     def submit(self, req: GenRequest) -> None:
         if self._stopping:

@@ -31,7 +31,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
 
 PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
 LOOPBACK = "127.0.0.1"

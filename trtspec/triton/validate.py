@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from trtspec.checkpoint.errors import CheckpointError, UsageError
+from trtspec.errors import CheckpointError, UsageError
 
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 

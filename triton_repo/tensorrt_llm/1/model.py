@@ -39,7 +39,7 @@ class TritonPythonModel:
     def initialize(self, args):
         import torch
 
-        from trtspec.checkpoint.load import load_spec_model
+        from trtspec.load import load_spec_model
         from trtspec.runtime.generate import SpeculativeGenerator
         from trtspec.triton.reference_backend import ReferenceBackend, parse_bool
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from trtspec.checkpoint.errors import CheckpointError
+from trtspec.errors import CheckpointError
 from trtspec.checkpoint.target import PICKLE_SUFFIXES, load_pickle_tensors
 from trtspec.checkpoint.tensors import TensorStore
 from trtspec.spec import TargetSpec

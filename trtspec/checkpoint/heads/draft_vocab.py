@@ -20,7 +20,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from trtspec.checkpoint.errors import CheckpointError, UsageError
+from trtspec.errors import CheckpointError, UsageError
 
 DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 TENSOR = "draft_vocab"

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import click
 
-from trtspec.checkpoint.errors import UsageError
-from trtspec.train.heads import TRAIN_KINDS
+from trtspec.errors import UsageError
+from trtspec.cli.options import AliasedOption, target_option
+from trtspec.drafters import registry
 
 
 def _items(tok, samples, mode: str, chat: bool) -> list[list[int]]:
@@ -26,17 +27,22 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
+def _kinds(pred) -> str:
+    """The trainable kinds whose recipe matches ``pred`` (help texts name kinds from the registry)."""
+    return " / ".join(n for n, k in registry.KINDS.items() if k.training is not None and pred(k.training))
+
+
 @click.command("train-heads")
-@click.option("--target", "-t", required=True, type=click.Path(path_type=Path), help="Hugging Face target directory.")
-@click.option("--kind", "-k", required=True, type=click.Choice(TRAIN_KINDS), help="Head kind to train.")
+@target_option
+@click.option("--kind", "-k", required=True, type=click.Choice(registry.trainable()), help="Head kind to train.")
 @click.option("--data", "-d", multiple=True, required=True,
               help="Training data: .jsonl ({text} / {messages} / {conversations}), .json, .txt, or 'chitchat[:N]'. "
                    "Repeatable.")
 @click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Output heads directory.")
 @click.option("--num-heads", default=3, show_default=True, type=click.IntRange(1, 16),
-              help="Heads (tokens ahead) for medusa / mtp-linear.")
+              help=f"Heads (tokens ahead) for {_kinds(lambda r: r.uses_num_heads)}.")
 @click.option("--rmsnorm/--no-rmsnorm", default=True, show_default=True,
-              help="Keep the RMSNorm layers in mtp-linear / mtp-single heads (the ablation switch).")
+              help=f"Keep the RMSNorm layers in {_kinds(lambda r: r.uses_rmsnorm_switch)} heads (the ablation switch).")
 @click.option("--cache", "cache_dir", type=click.Path(path_type=Path), default=None,
               help="Self-distillation cache directory (default: OUT.cache). Reused and resumed across runs.")
 @click.option("--distill", type=click.Choice(["generate", "teacher"]), default="generate", show_default=True,
@@ -56,7 +62,8 @@ def _barrier(world: int) -> None:
 @click.option("--batch-tokens", default=2048, show_default=True, type=click.IntRange(1))
 @click.option("--lr", default=1e-3, show_default=True, type=float)
 @click.option("--unroll", default=2, show_default=True, type=click.IntRange(1, 8),
-              help="eagle / mtp-single: steps trained per position, feeding back the head's own output.")
+              help=f"{_kinds(lambda r: r.style == 'recurrent')}: steps trained per position, feeding back the "
+                   "head's own output.")
 @click.option("--soft-weight", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0),
               help="Weight of the target's top-k distribution in the loss (needs --topk).")
 @click.option("--train-on", type=click.Choice(["generated", "all"]), default="generated", show_default=True,
@@ -83,7 +90,7 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
     DistributedDataParallel. Output: trtspec-heads (mtp-*), FasterDecoding Medusa, or SafeAILab EAGLE,
     with the target's fingerprint.
     """
-    from trtspec.checkpoint.load import load_tokenizer
+    from trtspec.load import load_tokenizer
     from trtspec.checkpoint.target import load_hf_causal_lm
     from trtspec.train.cache import HiddenCache, build_cache
     from trtspec.train.data import check_lengths, load_samples
@@ -130,9 +137,10 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
 
 
 @click.command("tune-tree")
-@click.option("--target", "-t", required=True, type=click.Path(path_type=Path), help="Hugging Face target directory.")
-@click.option("--heads", "-H", required=True, type=click.Path(path_type=Path), help="Trained heads (any format).")
-@click.option("--heads-format", default=None, help="Heads format; detected when omitted.")
+@target_option
+@click.option("--heads", "-H", required=True, type=click.Path(path_type=Path), help="Trained heads (any kind).")
+@click.option("--heads-format", type=click.Choice(registry.names()), default=None,
+              help="Drafter kind; detected from the files when omitted.")
 @click.option("--data", "-d", multiple=True, required=True, help="Calibration data (as for train-heads).")
 @click.option("--nodes", "-n", default="8", show_default=True,
               help="Node budget(s): N or a comma list; with several, the best measured speed wins.")
@@ -143,7 +151,8 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
 @click.option("--calib-samples", default=32, show_default=True, type=click.IntRange(1))
 @click.option("--eval-samples", default=8, show_default=True, type=click.IntRange(0),
               help="Prompts decoded to measure the acceptance length (0 = skip).")
-@click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--max-tokens", "max_tokens", cls=AliasedOption, hidden_aliases=("--max-new-tokens",), default=64,
+              show_default=True, type=click.IntRange(1), help="Tokens generated per evaluation prompt.")
 @click.option("--gen-tokens", default=96, show_default=True, type=click.IntRange(2))
 @click.option("--cache", "cache_dir", type=click.Path(path_type=Path), default=None,
               help="Calibration cache directory (default: HEADS.calib).")
@@ -156,7 +165,7 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
               help="Dtype of the calibration cache and of the timed decoding (auto: bfloat16 where the CPU has "
                    "oneDNN bfloat16 kernels). Time in the dtype you will serve in.")
 @click.option("--seed", default=0, show_default=True)
-def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, calib_samples, eval_samples, max_new_tokens,
+def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, calib_samples, eval_samples, max_tokens,
                   gen_tokens, cache_dir, speed, out, write_heads, draft_vocab, dtype, seed):
     """Measure per-depth top-k acceptance on calibration data and build the static tree that maximises the
     expected acceptance length for N nodes; print the expected and the measured acceptance length and the
@@ -172,7 +181,7 @@ def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, c
     evals = samples[calib_samples:calib_samples + eval_samples] or samples[:eval_samples]
     report = tune(target, heads, heads_format, calib, evals, budgets, depth=depth, topk=topk,
                   cache_dir=cache_dir or heads.with_name(heads.name + ".calib"), gen_tokens=gen_tokens,
-                  max_new_tokens=max_new_tokens, speed=speed, echo=click.echo, draft_vocab=draft_vocab,
+                  max_new_tokens=max_tokens, speed=speed, echo=click.echo, draft_vocab=draft_vocab,
                   dtype=resolve_dtype(dtype))
     best = report["best"]
     click.echo(f"best: {best['nodes']} nodes, expected {best['expected']:.3f}, measured "

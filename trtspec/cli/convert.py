@@ -7,11 +7,12 @@ from pathlib import Path
 
 import click
 
-_DTYPES = click.Choice(["float16", "bfloat16", "float32"])
+from trtspec.cli.options import dtype_option, heads_options, parallel_options, target_option, tree_option
+
 
 
 def _load(target, heads, heads_format, tree, dtype, tp, pp, allow_pickle):
-    from trtspec.checkpoint.load import load_spec_model
+    from trtspec.load import load_spec_model
 
     return load_spec_model(target, heads, heads_format, tree=tree, dtype=dtype, tp_size=tp or 1, pp_size=pp or 1,
                            allow_pickle=allow_pickle)
@@ -19,20 +20,14 @@ def _load(target, heads, heads_format, tree, dtype, tp, pp, allow_pickle):
 
 def _common(f):
     opts = [
-        click.option("--target", required=True, type=click.Path(path_type=Path),
-                     help="Hugging Face target model directory (Llama family)."),
-        click.option("--heads", type=click.Path(path_type=Path), default=None,
-                     help="Drafter: Medusa / EAGLE / mtp heads, or a draft model directory. Omit for the target alone."),
-        click.option("--heads-format", default=None,
-                     type=click.Choice(["medusa", "eagle", "eagle3", "mtp-linear", "mtp-single", "draft-model"]),
-                     help="Head format (default: detected from the files)."),
-        click.option("--tree", default=None, help="Draft tree: choices JSON '[[0],[0,0],[1]]' or 'chain:N'."),
+        target_option,
+        heads_options,
+        tree_option,
         click.option("--out", required=True, type=click.Path(path_type=Path), help="Output directory."),
-        click.option("--tp-size", type=int, default=None, help="Tensor parallel size."),
-        click.option("--pp-size", type=int, default=None, help="Pipeline parallel size (not for EAGLE modes)."),
+        parallel_options,
         click.option("--draft-tp-size", type=int, default=None,
                      help="Draft-model engine TP size (default: --tp-size)."),
-        click.option("--dtype", type=_DTYPES, default=None, help="Weight dtype (default: the checkpoint's)."),
+        dtype_option("Weight dtype (default: the checkpoint's).", ("float16", "bfloat16", "float32")),
         click.option("--max-draft-len", type=int, default=None, help="Draft tokens per step (default: tree size)."),
         click.option("--parallel-embedding/--no-parallel-embedding", default=None,
                      help="Vocab-parallel embedding (default: on when tp > 1)."),
@@ -40,7 +35,6 @@ def _common(f):
                      help="Shard the embedding on the vocab (0) or the hidden dim (1)."),
         click.option("--overwrite", is_flag=True, help="Replace --out if it exists."),
         click.option("--no-progress", is_flag=True, help="No progress bar."),
-        click.option("--allow-pickle", is_flag=True, help="Allow .bin/.pt weights (loaded with weights_only=True)."),
     ]
     for o in reversed(opts):
         f = o(f)

@@ -1,43 +1,21 @@
-"""CLI commands of the reference runtime: generate, demo, make-draft."""
+"""The reference runtime's commands: generate, demo, make-draft."""
 
 from __future__ import annotations
 
 import json
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from trtspec.checkpoint.errors import UsageError
-from trtspec.checkpoint.load import HEAD_FORMATS, load_spec_model, load_tokenizer
+from trtspec.errors import UsageError
+from trtspec.cli.options import draft_vocab_option, max_tokens_option, model_options, target_option
+from trtspec.load import load_spec_model, load_tokenizer
 
-TREE_HELP = ("Static draft tree as choices, e.g. '[[0],[0,0],[1]]' (Medusa/EAGLE notation), "
-             "TensorRT-LLM's '{0}, {0, 0}, {1}', or 'chain:N'. Default: the heads' tuned tree if recorded, "
-             "else a 24-node depth-6 tree.")
-DRAFT_VOCAB_HELP = ("Draft over the N most frequent tokens of the heads' draft_vocab.safetensors (0 = the full "
-                    "vocabulary). Default: the whole file when the heads carry one.")
-
-
-def model_options(f):
-    """Options every command that loads a SpecModel shares."""
-    opts = [
-        click.option("--target", "-t", required=True, type=click.Path(path_type=Path),
-                     help="Hugging Face target model directory (config.json + *.safetensors)."),
-        click.option("--heads", "-H", type=click.Path(path_type=Path), default=None,
-                     help="Draft heads: a Medusa/EAGLE/EAGLE-3/trtspec-MTP directory or a draft model directory."),
-        click.option("--heads-format", type=click.Choice(HEAD_FORMATS), default=None,
-                     help="Heads format; detected from the files when omitted."),
-        click.option("--tree", default=None, help=TREE_HELP),
-        click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
-                     help="Run/convert dtype (default: the checkpoint's; the CPU runtime runs float32 unless "
-                          "given; bfloat16 uses pre-packed oneDNN kernels where the CPU has them)."),
-        click.option("--allow-pickle", is_flag=True,
-                     help="Allow .bin/.pt weights (loaded with torch.load(weights_only=True))."),
-    ]
-    for opt in reversed(opts):
-        f = opt(f)
-    return f
+DTYPE_HELP = ("Run dtype (default: float32 on a CPU, the exact oracle; bfloat16 uses pre-packed oneDNN kernels "
+              "where the CPU has them).")
 
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
@@ -52,18 +30,18 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
 
 
 @click.command("generate")
-@model_options
+@model_options(DTYPE_HELP)
 @click.option("--prompt", "-p", multiple=True, required=True, help="Prompt text; repeat for a batch.")
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the tokenizer's chat template.")
-@click.option("--max-new-tokens", "-n", default=64, show_default=True, type=click.IntRange(1))
+@max_tokens_option(64)
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0.0), help="0 = greedy.")
 @click.option("--top-k", default=0, show_default=True, type=click.IntRange(0))
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True))
 @click.option("--seed", default=0, show_default=True)
 @click.option("--compare", is_flag=True, help="Also run plain decoding and report the speedup.")
-@click.option("--draft-vocab", default=None, type=click.IntRange(0), help=DRAFT_VOCAB_HELP)
+@draft_vocab_option
 @click.option("--json", "as_json", is_flag=True, help="Print metrics as JSON.")
-def generate_cmd(target, heads, heads_format, tree, dtype, allow_pickle, prompt, chat, max_new_tokens,
+def generate_cmd(target, heads, heads_format, allow_pickle, tree, dtype, prompt, chat, max_tokens,
                  temperature, top_k, top_p, seed, compare, draft_vocab, as_json):
     """Generate with the PyTorch reference runtime (CPU) and print the text and acceptance metrics.
 
@@ -79,7 +57,7 @@ def generate_cmd(target, heads, heads_format, tree, dtype, allow_pickle, prompt,
     prompts = [encode_prompt(tok, p, chat) for p in prompt]
     gen = SpeculativeGenerator(spec, dtype=spec.dtype if dtype else None)  # default: float32 on a CPU
     eos = spec.target.arch.eos_token_id
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+    cfg = GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            seed=seed, eos_token_id=eos)
     click.echo(spec.describe(), err=True)
     res = gen.generate(prompts, cfg)
@@ -87,7 +65,7 @@ def generate_cmd(target, heads, heads_format, tree, dtype, allow_pickle, prompt,
         click.echo(f"--- {p}\n{tok.decode(toks, skip_special_tokens=True)}")
     out = {"speculative": res.metrics.to_dict()}
     if compare:
-        plain = gen.generate(prompts, GenerationConfig(**{**cfg.__dict__, "speculative": False}))
+        plain = gen.generate(prompts, replace(cfg, speculative=False))
         out["plain"] = plain.metrics.to_dict()
         out["speedup"] = plain.metrics.wall_s / max(res.metrics.wall_s, 1e-9)
         out["identical"] = plain.tokens == res.tokens
@@ -103,7 +81,7 @@ def generate_cmd(target, heads, heads_format, tree, dtype, allow_pickle, prompt,
 
 
 @click.command("make-draft")
-@click.option("--target", "-t", required=True, type=click.Path(path_type=Path), help="HF target directory.")
+@target_option
 @click.option("--layers", required=True, type=int, help="How many of the target's first layers to keep.")
 @click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Output HF directory.")
 def make_draft_cmd(target, layers, out):
@@ -121,10 +99,10 @@ def make_draft_cmd(target, layers, out):
 @click.command("demo")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
               help="Where to write the demo models (default: a temporary directory).")
-@click.option("--max-new-tokens", "-n", default=48, show_default=True, type=click.IntRange(1))
+@max_tokens_option(48)
 @click.option("--train/--no-train", default=True, show_default=True,
-              help="Self-distil Medusa/MTP/EAGLE heads for a few seconds first (else all heads are random).")
-def demo_cmd(out, max_new_tokens, train):
+              help="Self-distil every trainable kind's heads for a few seconds first (else all heads are random).")
+def demo_cmd(out, max_tokens, train):
     """The embedded demo: tiny target + heads of every kind, reference runtime, then `trtspec build`.
 
     Builds a tiny random Llama (with a tokenizer) and heads in every published format, self-distils
@@ -137,8 +115,8 @@ def demo_cmd(out, max_new_tokens, train):
 
     if out is None:
         with tempfile.TemporaryDirectory(prefix="trtspec-demo-") as tmp:
-            sys.exit(run_demo(Path(tmp), max_new_tokens, train))
-    sys.exit(run_demo(out, max_new_tokens, train))
+            sys.exit(run_demo(Path(tmp), max_tokens, train))
+    sys.exit(run_demo(out, max_tokens, train))
 
 
 COMMANDS = [generate_cmd, demo_cmd, make_draft_cmd]

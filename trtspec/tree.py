@@ -14,7 +14,31 @@ from dataclasses import dataclass
 
 import torch
 
-from trtspec.checkpoint.errors import UsageError
+from trtspec.errors import UsageError
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """A static draft tree in Medusa/EAGLE "choices" notation.
+
+    Each choice is a path of top-k ranks from the root: ``(0,)`` is the top-1 token at depth 1,
+    ``(0, 1)`` is the second-best child of that node. The root (the last committed token) is implicit.
+    Every prefix of a choice must also be a choice.
+    """
+
+    choices: tuple[tuple[int, ...], ...]
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft nodes, the root excluded."""
+        return len(self.choices)
+
+    @property
+    def depth(self) -> int:
+        return max((len(c) for c in self.choices), default=0)
+
+    def buffers(self) -> TreeBuffers:
+        return build_tree(self.choices)
 
 
 @dataclass(frozen=True)
@@ -39,9 +63,14 @@ class TreeBuffers:
     packed_mask: torch.Tensor
 
     @property
-    def num_nodes(self) -> int:
-        """Nodes including the root."""
+    def size(self) -> int:
+        """Rows of the tree step: the root plus every draft node (``TreeSpec.num_nodes + 1``)."""
         return int(self.parents.numel())
+
+    @property
+    def num_nodes(self) -> int:
+        """Draft nodes, the root excluded (the one meaning of ``num_nodes`` in trtspec)."""
+        return int(self.parents.numel()) - 1
 
     @property
     def max_depth(self) -> int:

@@ -1,24 +1,23 @@
-"""The ``trtspec`` command line: one Click group; each package contributes its own commands.
+"""The ``trtspec`` command line: one Click group; one module per command family in this package.
 
-Each ``trtspec.<pkg>.cli`` module exports ``COMMANDS`` (a list of click commands/groups). Errors the user
-can fix (CheckpointError and subclasses) print as one ``error:`` line with exit code 2, never a traceback.
+Each module in ``COMMAND_MODULES`` exports ``COMMANDS`` (a list of click commands/groups); shared option
+groups live in ``trtspec.cli.options``. A module that fails to import is a bug and fails loudly. Errors the user
+can fix (TrtspecError: CheckpointError, UsageError) print as one ``error:`` line with exit code 2, never a traceback.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import sys
 
 import click
 
 from trtspec import __version__
-from trtspec.checkpoint.errors import CheckpointError
+from trtspec.errors import TrtspecError
 
 COMMAND_MODULES = (
-    "trtspec.runtime.cli",   # generate, demo
-    "trtspec.train.cli",     # train-heads, tune-tree
-    "trtspec.convert.cli",   # convert, build
+    "trtspec.cli.generate",  # generate, demo, make-draft
+    "trtspec.cli.train",     # train-heads, tune-tree
+    "trtspec.cli.convert",   # convert, build
     "trtspec.kernels.cli",   # plugins build
     "trtspec.triton.cli",    # triton emit, serve
     "trtspec.client.cli",    # client ...
@@ -31,7 +30,7 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except CheckpointError as exc:
+        except TrtspecError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(2)
         except KeyboardInterrupt:
@@ -53,17 +52,9 @@ def main() -> None:
 
 def _register() -> None:
     for name in COMMAND_MODULES:
-        try:
-            if importlib.util.find_spec(name) is None:
-                continue
-        except ModuleNotFoundError:  # the package itself is not there (yet)
-            continue
-        module = importlib.import_module(name)
-        for cmd in getattr(module, "COMMANDS", []):
+        module = importlib.import_module(name)  # an ImportError here is a packaging bug: never skip it
+        for cmd in module.COMMANDS:
             main.add_command(cmd)
 
 
 _register()
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

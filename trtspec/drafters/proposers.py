@@ -1,15 +1,16 @@
-"""Drafters: turn the target's committed state into a static draft tree of token ids.
+"""The two model-based proposers every model kind builds on: they turn the target's committed state
+into a static draft tree of token ids.
 
-Two families:
-* ``HeadsDrafter`` (medusa, mtp-linear): heads on the target's last hidden state; depth-d node tokens are
-  the top-k of head d-1, independent of the parent (the Medusa scheme).
-* ``RecurrentDrafter`` (eagle, eagle3, mtp-single, draft-model): one model applied autoregressively with
-  its own KV cache. Pair drafters consume (feature_q, token_{q+1}) at position q; the draft model
-  consumes token_q at position q. The tree is expanded depth by depth: each depth runs one forward over
-  all tree nodes above it with the tree mask (nothing committed), then takes top-k at each parent.
+* ``HeadsDrafter``: K heads on the target's last hidden state; depth-d node tokens are the top-k of head
+  d-1, independent of the parent (the Medusa scheme).
+* ``RecurrentDrafter``: one model applied autoregressively with its own KV cache. Pair drafters consume
+  (feature_q, token_{q+1}) at position q (EAGLE-style heads); a separate draft model consumes token_q at
+  position q. The tree is expanded depth by depth: each depth runs one forward over all tree nodes above
+  it with the tree mask (nothing committed), then takes top-k at each parent.
 
-Interface: ``observe`` feeds what the target just committed; ``propose`` returns [B, N+1] tokens (node 0 =
-root). Both are batched; sequences may have committed different numbers of tokens.
+Both implement ``trtspec.drafters.base.Drafter``: ``observe`` feeds what the target just committed;
+``propose`` returns [B, tree.size] tokens (node 0 = root). Both are batched; sequences may have committed
+different numbers of tokens. Which kinds use which proposer is each kind module's business.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trtspec.models.heads import Eagle3Head, EagleHead, LinearHeads, MtpSingleHead
-from trtspec.models.llama import LlamaModel, build_llama, causal_mask
-from trtspec.runtime.tree import TreeBuffers
+from trtspec.models.heads import LinearHeads
+from trtspec.models.llama import LlamaModel, causal_mask
 from trtspec.spec import DrafterSpec
+from trtspec.tree import TreeBuffers
 
 
 def load_module(module: nn.Module, drafter: DrafterSpec, dtype: torch.dtype, optional: tuple[str, ...] = ()) -> nn.Module:
@@ -33,7 +34,7 @@ def load_module(module: nn.Module, drafter: DrafterSpec, dtype: torch.dtype, opt
     return module.to(dtype).eval()
 
 
-def _pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Stack variable-length rows [m_b, ...] into [B, M, ...] plus a validity mask [B, M]."""
     M = max(r.shape[0] for r in rows)
     out = rows[0].new_zeros(len(rows), M, *rows[0].shape[1:])
@@ -61,19 +62,14 @@ def _fill_depth(tokens: torch.Tensor, tree: TreeBuffers, depth: int, parent_logi
         tokens[:, n] = id_map(top) if id_map is not None else top
 
 
-class Drafter:
-    kind = "none"
+class ModelDrafter:
+    """Shared by both proposers: the module, its vocabulary projection, and bfloat16 pre-packing."""
+
     aux_layers: tuple[int, ...] = ()
-
-    def reset(self, batch: int, capacity: int) -> None:
-        raise NotImplementedError
-
-    def observe(self, hidden: list[torch.Tensor], aux: list[torch.Tensor] | None, tokens_in: list[torch.Tensor],
-                tokens_next: list[torch.Tensor]) -> None:
-        raise NotImplementedError
-
-    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    max_depth: int | None = None
+    module: nn.Module
+    lm_head: torch.Tensor | None
+    draft_vocab: torch.Tensor | None
 
     def pack(self, target_projection: nn.Module) -> None:
         """Pre-pack the drafter's matmuls and vocabulary projection (bfloat16 CPU inference, models.packed).
@@ -87,10 +83,11 @@ class Drafter:
             self.projection = target_projection if self.draft_vocab is None else pack_projection(self.lm_head)
 
 
-class HeadsDrafter(Drafter):
-    def __init__(self, heads: LinearHeads, lm_head: torch.Tensor, kind: str, draft_vocab: torch.Tensor | None = None):
-        self.heads, self.lm_head, self.kind, self.draft_vocab = heads, lm_head, kind, draft_vocab
+class HeadsDrafter(ModelDrafter):
+    def __init__(self, heads: LinearHeads, lm_head: torch.Tensor, draft_vocab: torch.Tensor | None = None):
+        self.heads, self.lm_head, self.draft_vocab = heads, lm_head, draft_vocab
         self.module, self.projection = heads, lm_head
+        self.max_depth = len(heads.heads)
         self.id_map = (lambda idx: draft_vocab[idx]) if draft_vocab is not None else None
         self.last_hidden: torch.Tensor | None = None
 
@@ -102,23 +99,25 @@ class HeadsDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
-        tokens = torch.zeros(root.shape[0], tree.num_nodes, dtype=torch.long)
+        tokens = torch.zeros(root.shape[0], tree.size, dtype=torch.long)
         tokens[:, 0] = root
         for d in range(1, tree.max_depth + 1):  # only the heads the tree reaches
             _fill_depth(tokens, tree, d, self.heads.heads[d - 1](self.last_hidden, self.projection).float(), self.id_map)
         return tokens
 
 
-class RecurrentDrafter(Drafter):
-    """Shared by EAGLE-1/2, EAGLE-3, mtp-single (pair drafters) and a separate draft model."""
+class RecurrentDrafter(ModelDrafter):
+    """One module applied autoregressively: a pair head (``features`` + ``head_logits``) or a draft model.
 
-    def __init__(self, kind: str, module: nn.Module, embed: nn.Embedding | None, lm_head: torch.Tensor | None,
-                 aux_layers: tuple[int, ...] = (), draft_vocab: torch.Tensor | None = None):
-        self.kind, self.module, self.embed, self.lm_head = kind, module, embed, lm_head
+    ``id_map`` turns the module's output ids into target ids (a draft vocabulary's rows, EAGLE-3's d2t)."""
+
+    def __init__(self, module: nn.Module, embed: nn.Embedding | None, lm_head: torch.Tensor | None,
+                 aux_layers: tuple[int, ...] = (), draft_vocab: torch.Tensor | None = None, id_map=None):
+        self.module, self.embed, self.lm_head = module, embed, lm_head
         self.projection = lm_head
         self.aux_layers, self.draft_vocab = aux_layers, draft_vocab
         self.is_draft_model = isinstance(module, LlamaModel)
-        self.id_map = module.to_target_ids if isinstance(module, Eagle3Head) else None
+        self.id_map = id_map
         if draft_vocab is not None:
             self.id_map = lambda idx: draft_vocab[idx]
 
@@ -157,8 +156,8 @@ class RecurrentDrafter(Drafter):
         else:
             rows = list(tokens_next)
             src = aux if self.aux_layers else hidden
-            feats, _ = _pad(list(src))
-        toks, valid = _pad(rows)
+            feats, _ = pad_rows(list(src))
+        toks, valid = pad_rows(rows)
         mask = causal_mask(toks.shape[1]) & valid[:, None, :]
         out = self._step(toks, feats, mask)
         counts = valid.sum(1)
@@ -170,7 +169,7 @@ class RecurrentDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
-        B, N1 = root.shape[0], tree.num_nodes
+        B, N1 = root.shape[0], tree.size
         tokens = torch.zeros(B, N1, dtype=torch.long)
         tokens[:, 0] = root
         if N1 == 1:
@@ -201,37 +200,26 @@ def restrict_rows(weight: torch.Tensor, draft_vocab: torch.Tensor | None) -> tor
     return weight if draft_vocab is None else weight[draft_vocab].contiguous()
 
 
-def build_drafter(drafter: DrafterSpec, target: LlamaModel, dtype: torch.dtype) -> Drafter:
-    """The runtime drafter for a DrafterSpec, sharing the target's embedding and lm_head (restricted to the
-    drafter's draft vocabulary when it has one; the target's own lm_head is never touched)."""
-    cfg = drafter.config
-    dv = drafter.draft_vocab
-    lm_head = restrict_rows(target.lm_head.weight.detach(), dv)
-    if drafter.kind in ("medusa", "mtp-linear"):
-        heads = LinearHeads(int(cfg["num_heads"]), int(cfg["hidden_size"]), target.arch.vocab_size,
-                            int(cfg.get("num_layers", 1)), has_norm=drafter.kind == "mtp-linear" and bool(cfg.get("has_rmsnorm", True)),
-                            eps=float(cfg.get("rms_norm_eps", 1e-6)), own_lm_head=bool(cfg.get("own_lm_head", False)))
-        heads = load_module(heads, drafter, dtype)
-        for head in heads.heads:
-            if head.lm_head is not None and dv is not None:
-                head.lm_head.weight = nn.Parameter(restrict_rows(head.lm_head.weight.detach(), dv), requires_grad=False)
-        return HeadsDrafter(heads, lm_head, drafter.kind, dv)
-    if drafter.kind == "draft-model":
-        model = build_llama(drafter.arch, drafter.tensors, dtype)
-        if dv is not None:  # a new Parameter: a tied embedding keeps the full vocabulary
-            model.lm_head.weight = nn.Parameter(restrict_rows(model.lm_head.weight.detach(), dv), requires_grad=False)
-        return RecurrentDrafter("draft-model", model, None, None, draft_vocab=dv)
-    if drafter.kind == "mtp-single":
-        module = MtpSingleHead(drafter.arch, has_rmsnorm=bool(cfg.get("has_rmsnorm", True)))
-    elif drafter.kind == "eagle":
-        module = EagleHead(drafter.arch, fc_bias=bool(cfg.get("fc_bias", True)))
-    elif drafter.kind == "eagle3":
-        module = Eagle3Head(drafter.arch, int(cfg["target_hidden_size"]), int(cfg["draft_vocab_size"]))
-    else:
-        raise ValueError(f"unknown drafter kind {drafter.kind}")
+def build_heads_drafter(drafter: DrafterSpec, target: LlamaModel, dtype: torch.dtype, has_norm: bool) -> HeadsDrafter:
+    """Medusa-scheme heads (``heads.{k}.res.{l}.*``, optional norms and own lm_heads) on the target."""
+    cfg, dv = drafter.config, drafter.draft_vocab
+    heads = LinearHeads(int(cfg["num_heads"]), int(cfg["hidden_size"]), target.arch.vocab_size,
+                        int(cfg.get("num_layers", 1)), has_norm=has_norm, eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                        own_lm_head=bool(cfg.get("own_lm_head", False)))
+    heads = load_module(heads, drafter, dtype)
+    for head in heads.heads:
+        if head.lm_head is not None and dv is not None:
+            head.lm_head.weight = nn.Parameter(restrict_rows(head.lm_head.weight.detach(), dv), requires_grad=False)
+    return HeadsDrafter(heads, restrict_rows(target.lm_head.weight.detach(), dv), dv)
+
+
+def build_pair_drafter(drafter: DrafterSpec, target: LlamaModel, dtype: torch.dtype, module: nn.Module,
+                       aux_layers: tuple[int, ...] = (), id_map=None) -> RecurrentDrafter:
+    """A one-layer pair head (EAGLE-style) on the target's embedding (or its own) and lm_head."""
     module = load_module(module, drafter, dtype, optional=("d2t",))
     embed = target.embed_tokens
     if "embed_tokens.weight" in drafter.tensors:
         embed = nn.Embedding.from_pretrained(drafter.tensors.load("embed_tokens.weight").to(dtype))
-    aux = tuple(cfg.get("aux_layers", ())) if drafter.kind == "eagle3" else ()
-    return RecurrentDrafter(drafter.kind, module, embed, lm_head, aux, draft_vocab=dv)
+    lm_head = restrict_rows(target.lm_head.weight.detach(), drafter.draft_vocab)
+    return RecurrentDrafter(module, embed, lm_head, aux_layers, draft_vocab=drafter.draft_vocab,
+                            id_map=id_map(module) if id_map is not None else None)

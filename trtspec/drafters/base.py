@@ -1,0 +1,123 @@
+"""What a drafter kind is: one frozen record per kind, and the runtime ``Drafter`` protocol.
+
+A kind's module (``trtspec/drafters/<kind>.py``) fills one ``DrafterKind`` with everything the rest of
+trtspec needs to know about that kind: how to recognise its files, load and save them, build the runtime
+drafter, train it, and how it deploys (TensorRT-LLM engine layout, Triton decoding mode, export formats).
+The CLI, loaders, trainer, demo, converter and emitter ask these records; none of them spells a kind's
+name. A model-free drafter is a kind too, with no files to load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+if TYPE_CHECKING:  # only for annotations: the records are data, the callables do the imports they need
+    from torch import nn
+
+    from trtspec.models.llama import LlamaModel
+    from trtspec.spec import DrafterSpec, TargetSpec
+    from trtspec.tree import TreeBuffers
+
+
+class Drafter(Protocol):
+    """What the oracle loop asks of every drafter (model heads, a draft model, or model-free).
+
+    ``reset`` before a batch; ``observe`` what the target just committed (its hidden states at the kept
+    positions, the aux layers' states if the kind asked for them, the tokens fed and the tokens that
+    follow them); ``propose`` a tree of token ids [B, tree.size] (column 0 = the root) from that state.
+    """
+
+    aux_layers: tuple[int, ...]
+    #: deepest tree the drafter can fill (None = any depth: it drafts autoregressively)
+    max_depth: int | None
+
+    def reset(self, batch: int, capacity: int) -> None: ...
+
+    def observe(self, hidden: list[torch.Tensor], aux: list[torch.Tensor] | None, tokens_in: list[torch.Tensor],
+                tokens_next: list[torch.Tensor]) -> None: ...
+
+    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor: ...
+
+    def pack(self, target_projection: nn.Module) -> None: ...
+
+
+@dataclass(frozen=True)
+class DirFacts:
+    """What detection may look at in a heads path, read once: no kind re-reads the files."""
+
+    path: Path
+    directory: Path
+    trtspec_meta: dict[str, Any] | None  # trtspec_heads.json, if present
+    config: dict[str, Any]  # config.json, or {}
+    tensor_names: tuple[str, ...]  # names in the first weight file (safetensors header only)
+    files: tuple[str, ...]  # file names in the directory
+
+
+@dataclass(frozen=True)
+class EngineRoute:
+    """How a kind reaches a TensorRT-LLM 1.2.1 engine.
+
+    ``layout`` names the TensorRT-LLM checkpoint layout convert/ writes (a TensorRT-LLM architecture, not a
+    trtspec kind); ``mode`` is trtllm-build's ``--speculative_decoding_mode``; ``triton_decoding_mode`` the
+    tensorrt_llm model's ``decoding_mode`` parameter; ``draft_len`` whether ``max_draft_len`` counts the
+    tree's nodes or its depth (a chain drafter). ``refusal`` says why there is no engine, if there is none.
+    """
+
+    layout: str | None = None
+    mode: str | None = None
+    triton_decoding_mode: str | None = None
+    draft_len: str = "nodes"  # "nodes" | "depth"
+    refusal: str | None = None
+
+    @property
+    def supported(self) -> bool:
+        return self.layout is not None
+
+
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """How train-heads trains a kind by self-distillation on the target's own outputs.
+
+    ``style`` "heads": K heads read the target's last hidden state, head k predicts k+1 tokens past the
+    target's own next one. "recurrent": one module applied autoregressively on (feature, next token)
+    pairs, unrolled on its own outputs. ``feature_regression``: also regress the target's next hidden
+    state (EAGLE). ``new_module(target, num_heads, rmsnorm)`` builds an untrained module whose parameter
+    names are the canonical tensor names; ``save(module, target, out, info, rmsnorm)`` writes it in the
+    kind's published layout.
+    """
+
+    style: str  # "heads" | "recurrent"
+    new_module: Callable[..., nn.Module]
+    save: Callable[..., Path]
+    feature_regression: bool = False
+    uses_rmsnorm_switch: bool = False  # --rmsnorm/--no-rmsnorm means something for this kind
+    uses_num_heads: bool = False  # --num-heads means something for this kind
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """Everything about one drafter kind (see the module docstring)."""
+
+    name: str
+    summary: str
+    #: does this heads path hold this kind? Asked in registry order; the first yes wins.
+    detect: Callable[[DirFacts], bool]
+    #: read and validate the files into a DrafterSpec with canonical tensor names
+    load: Callable[[Path, TargetSpec, bool], DrafterSpec]
+    #: the runtime drafter (shares the target's embedding / lm_head)
+    build: Callable[[DrafterSpec, LlamaModel, torch.dtype], Drafter]
+    #: write a small instance of this kind for the target (random or truncated weights), for the demo and tests
+    make_demo: Callable[[TargetSpec, Path, int], Path]
+    engine: EngineRoute = field(default_factory=EngineRoute)
+    training: TrainingRecipe | None = None
+    #: public layouts ``load`` reads and ``make_demo``/``training.save`` write
+    formats: tuple[str, ...] = ()
+    #: the kind brings its own draft vocabulary (EAGLE-3's d2t): refuse draft_vocab.safetensors
+    own_draft_vocab: bool = False
+    #: the deepest static tree the loaded drafter can fill (None = any depth)
+    max_tree_depth: Callable[[DrafterSpec], int | None] = lambda spec: None

@@ -1,0 +1,116 @@
+"""eagle3: EAGLE-3 heads, fused low/mid/high target features and an own draft vocabulary (d2t).
+
+Layout (SafeAILab / the Llama-draft layout vLLM and SGLang load): ``config.json``
+(``LlamaForCausalLMEagle3``, ``draft_vocab_size``) + weights with ``fc.weight`` [H, 3H_t], ``midlayer.*``
+(hidden_norm, input_layernorm, 2H-input attention), ``norm.weight``, ``lm_head.weight`` [V_d, H], ``d2t``
+[V_d] (draft id + d2t = target id), ``t2d`` [V] (training only). Canonical: ``fc``, ``layer.*``, ``norm``,
+``lm_head``, ``d2t``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from trtspec.checkpoint.heads.common import expect_shape, open_weights, single_dtype
+from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute
+from trtspec.drafters.eagle_layout import WEIGHT_FILES, eagle_config, layer_shapes, read_arch, save_layout
+from trtspec.drafters.proposers import build_pair_drafter
+from trtspec.drafters.weights import demo_init, module_state
+from trtspec.errors import CheckpointError
+from trtspec.models.heads import Eagle3Head, layer_arch
+from trtspec.spec import DrafterSpec, TargetSpec
+
+NAME = "eagle3"
+DEMO_DRAFT_VOCAB = 64
+
+
+def detect(facts: DirFacts) -> bool:
+    archs = " ".join(facts.config.get("architectures") or [])
+    return ("Eagle3" in archs or "draft_vocab_size" in facts.config
+            or any(k.startswith("midlayer.") for k in facts.tensor_names))
+
+
+def aux_layers(cfg: dict, num_target_layers: int) -> tuple[int, int, int]:
+    """Target layers whose *input* residual stream feeds fc: (2, L//2, L-3) unless the config says."""
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
+        or cfg.get("eagle_aux_hidden_state_layer_ids")
+    L = num_target_layers
+    if ids:
+        if len(ids) != 3:
+            raise CheckpointError(f"eagle_aux_hidden_state_layer_ids must list 3 layers, got {ids}")
+        return tuple(int(i) for i in ids)  # type: ignore[return-value]
+    return (2, L // 2, L - 3)
+
+
+def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterSpec:
+    arch, cfg = read_arch(path, target)
+    store = open_weights(path, WEIGHT_FILES, allow_pickle)
+    H, Ht = arch.hidden_size, target.arch.hidden_size
+    if "lm_head.weight" not in store:
+        raise CheckpointError("EAGLE-3 heads have no lm_head.weight", path, "export the draft lm_head with the heads")
+    Vd = int(cfg.get("draft_vocab_size") or store.shape("lm_head.weight")[0])
+    expect_shape(store, "fc.weight", (H, 3 * Ht), path, "EAGLE-3 fc (low, mid, high target features)")
+    expect_shape(store, "lm_head.weight", (Vd, H), path, "EAGLE-3 draft lm_head")
+    if H != Ht and "embed_tokens.weight" not in store:
+        raise CheckpointError(f"draft hidden {H} != target hidden {Ht} and no embed_tokens.weight", path,
+                              "export the draft embedding with the heads")
+    mapping = {"fc.weight": "fc.weight", "lm_head.weight": "lm_head.weight", "norm.weight": "norm.weight"}
+    expect_shape(store, "norm.weight", (H,), path, "EAGLE-3 final norm")
+    for part, shape in {**layer_shapes(arch, 2 * H), "hidden_norm.weight": (H,),
+                        "input_layernorm.weight": (H,)}.items():
+        expect_shape(store, f"midlayer.{part}", shape, path, "the EAGLE-3 midlayer")
+        mapping[f"layer.{part}"] = f"midlayer.{part}"
+    if Vd != target.arch.vocab_size:
+        if "d2t" not in store:
+            raise CheckpointError(f"draft vocab {Vd} != target vocab {target.arch.vocab_size} and no d2t map", path,
+                                  "export d2t with the heads")
+        expect_shape(store, "d2t", (Vd,), path, "the draft-to-target vocab map")
+        mapping["d2t"] = "d2t"
+    if "embed_tokens.weight" in store:
+        mapping["embed_tokens.weight"] = "embed_tokens.weight"
+    config = {"num_heads": 1, "hidden_size": H, "target_hidden_size": Ht, "draft_vocab_size": Vd,
+              "vocab_size": target.arch.vocab_size, "aux_layers": list(aux_layers(cfg, target.arch.num_hidden_layers)),
+              "rms_norm_eps": arch.rms_norm_eps}
+    renamed = store.renamed(mapping)
+    return DrafterSpec(NAME, path, renamed, config, arch=arch, dtype=single_dtype(renamed, path))
+
+
+def build(spec: DrafterSpec, target, dtype: torch.dtype):
+    cfg = spec.config
+    module = Eagle3Head(spec.arch, int(cfg["target_hidden_size"]), int(cfg["draft_vocab_size"]))
+    return build_pair_drafter(spec, target, dtype, module, aux_layers=tuple(cfg.get("aux_layers", ())),
+                              id_map=lambda m: m.to_target_ids)
+
+
+def make_demo(target: TargetSpec, out: Path) -> Path:
+    """Random EAGLE-3 heads whose draft vocabulary is the target's first ids (the demo's "most frequent")."""
+    n = min(DEMO_DRAFT_VOCAB, max(2, target.arch.vocab_size // 2))
+    head = demo_init(Eagle3Head(layer_arch(target.arch), target.arch.hidden_size, n), 3)
+    used = torch.arange(target.arch.vocab_size)[:n]
+    state = module_state(head)
+    state["d2t"] = used - torch.arange(n)
+    t2d = torch.zeros(target.arch.vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    state["t2d"] = t2d
+    cfg = eagle_config(target, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=n)
+    return save_layout(out, state, "midlayer.", cfg)
+
+
+KIND = DrafterKind(
+    name=NAME,
+    summary="EAGLE-3: fused low/mid/high target features, own draft vocabulary (d2t)",
+    detect=detect,
+    load=load,
+    build=build,
+    make_demo=make_demo,
+    engine=EngineRoute(refusal=(
+        "EAGLE-3 heads have no TensorRT engine mode: TensorRT-LLM 1.2's trtllm-build offers "
+        "--speculative_decoding_mode {draft_tokens_external, lookahead_decoding, medusa, explicit_draft_tokens, "
+        "eagle} and its 'eagle' mode is EAGLE-1/2 only. Serve EAGLE-3 with TensorRT-LLM's PyTorch backend "
+        "(trtllm-serve / LLM API with an Eagle3 speculative config) or with trtspec's reference runtime "
+        "(trtspec serve), or use EAGLE-1/2, Medusa or mtp heads for an engine build")),
+    formats=("eagle3",),
+    own_draft_vocab=True,
+)

@@ -1,0 +1,77 @@
+"""Entry point of every stage: target dir + heads (any registered kind) -> one validated SpecModel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from trtspec.checkpoint.heads.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_path, load_draft_vocab
+from trtspec.checkpoint.target import DTYPES, load_hf_causal_lm, load_tokenizer
+from trtspec.drafters import registry
+from trtspec.errors import CheckpointError, UsageError
+from trtspec.parallel import Mapping
+from trtspec.spec import DrafterSpec, SpecModel, TargetSpec, TreeSpec
+from trtspec.tree import DEFAULT_CHOICES, normalize_choices, parse_choices
+
+__all__ = ["load_drafter", "load_spec_model", "load_tokenizer", "resolve_tree"]
+
+
+def load_drafter(path: str | Path, target: TargetSpec, heads_format: str | None = None,
+                 allow_pickle: bool = False, draft_vocab: int | None = None) -> DrafterSpec:
+    """The heads at ``path`` in any format; ``draft_vocab``: None = the heads' own draft vocabulary if
+    they carry one, 0 = the full vocabulary, N = its N most frequent tokens."""
+    path = Path(path)
+    if heads_format is not None:
+        registry.get(heads_format)  # a clear error for an unknown name, before touching files
+    if not path.exists():
+        raise CheckpointError("heads not found", path)
+    kind = registry.get(heads_format or registry.detect(path))
+    found = registry.detect_or_none(path) if heads_format is not None else kind.name
+    if found not in (None, kind.name):
+        raise CheckpointError(f"--heads-format {heads_format} but the files hold {found} heads", path)
+    drafter = kind.load(path, target, allow_pickle)
+    if kind.own_draft_vocab:
+        if draft_vocab or (draft_vocab is None and draft_vocab_path(drafter.path).is_file()):
+            raise CheckpointError(f"{kind.name} heads carry their own draft vocabulary; remove {DRAFT_VOCAB_FILE}",
+                                  drafter.path, "or pass --draft-vocab 0")
+        return drafter
+    drafter.draft_vocab = load_draft_vocab(drafter.path, target.arch.vocab_size, draft_vocab)
+    return drafter
+
+
+def resolve_tree(tree, drafter: DrafterSpec | None) -> TreeSpec:
+    """Tree choices from the user, else the heads' own recorded tree, else a default that fits the drafter."""
+    if drafter is None:
+        return TreeSpec(())
+    limit = registry.get(drafter.kind).max_tree_depth(drafter)  # a static tree deeper than the heads cannot be filled
+    if tree is None:
+        recorded = drafter.config.get("tree_choices")
+        if recorded:
+            return TreeSpec(normalize_choices(recorded))
+        return TreeSpec(tuple(c for c in DEFAULT_CHOICES if limit is None or len(c) <= limit))
+    choices = parse_choices(tree) if isinstance(tree, str) else normalize_choices(tree)
+    depth = max((len(c) for c in choices), default=0)
+    if limit is not None and depth > limit:
+        raise UsageError(f"tree depth {depth} exceeds the {limit} {drafter.kind} heads; use a tree of depth <= {limit}")
+    return TreeSpec(choices)
+
+
+def load_spec_model(target: str | Path, heads: str | Path | None = None, heads_format: str | None = None,
+                    tree=None, dtype: str | torch.dtype | None = None, tp_size: int = 1, pp_size: int = 1,
+                    allow_pickle: bool = False, draft_vocab: int | None = None) -> SpecModel:
+    """Load + validate everything once; the result is what every later stage takes."""
+    tgt = load_hf_causal_lm(target, allow_pickle=allow_pickle)
+    drafter = load_drafter(heads, tgt, heads_format, allow_pickle, draft_vocab) if heads is not None else None
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise UsageError(f"unknown dtype {dtype!r}; choose one of {', '.join(sorted(DTYPES))}")
+        dtype = DTYPES[dtype]
+    if dtype is None:
+        if drafter is not None and drafter.dtype != tgt.dtype:
+            raise CheckpointError(f"dtype mismatch: heads are {drafter.dtype}, target is {tgt.dtype}", drafter.path,
+                                  "pass --dtype to run both in one dtype")
+        dtype = tgt.dtype
+    if tp_size < 1 or pp_size < 1:
+        raise UsageError("--tp-size and --pp-size must be >= 1")
+    return SpecModel(tgt, drafter, resolve_tree(tree, drafter), dtype, Mapping(tp_size, pp_size))
