@@ -7,7 +7,8 @@ Four flat steps, each a short function over one ``Batch`` of sequences:
     verify   -> the target runs [root + tree] with the tree mask and depth offsets; greedy or lossless
                 sampling picks the accepted path and the bonus token per sequence
     commit   -> the KV cache keeps root + accepted nodes; the tokens are clipped at eos / max tokens; the
-                drafter observes the target's hidden states at the kept nodes
+                target's hidden states at the kept nodes wait for the drafter, which observes them before
+                its next proposal (with ``adaptive``, steps without a tree let them pile up)
 
 Plain decoding is the same loop with an empty tree, so "speculative == plain" compares two runs of the
 very same model code. Metrics are values: every step returns its own ``SpecMetrics`` and callers
@@ -27,6 +28,7 @@ from trtspec.drafters.base import Drafter
 from trtspec.drafters.proposers import pad_rows
 from trtspec.models.llama import KVCache, LlamaModel, build_llama, causal_mask
 from trtspec.models.packed import pack_if_bf16
+from trtspec.runtime.adaptive import AdaptiveSpeculation
 from trtspec.runtime.verify import VerifyResult, process_logits, verify_greedy, verify_sampling
 from trtspec.spec import SpecModel
 from trtspec.tree import TreeBuffers, build_tree
@@ -41,6 +43,9 @@ class GenerationConfig:
     seed: int = 0
     eos_token_id: int | list[int] | None = None
     speculative: bool = True
+    #: choose each step's tree (down to none) from measured step costs and acceptance (runtime.adaptive);
+    #: off by default here so the oracle's step count is a function of its inputs alone
+    adaptive: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -60,6 +65,7 @@ class SpecMetrics:
     prefill_s: float = 0.0
     acceptance_histogram: list[int] = field(default_factory=list)  # [a] = steps that accepted a drafts
     max_depth: int = 0
+    speculative_steps: int = 0      # target steps that verified a draft tree (adaptive runs skip some)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -88,7 +94,8 @@ class SpecMetrics:
             accepted_draft_tokens=self.accepted_draft_tokens + other.accepted_draft_tokens,
             new_tokens=self.new_tokens + other.new_tokens, wall_s=self.wall_s + other.wall_s,
             prefill_s=self.prefill_s + other.prefill_s, acceptance_histogram=hist,
-            max_depth=max(self.max_depth, other.max_depth))
+            max_depth=max(self.max_depth, other.max_depth),
+            speculative_steps=self.speculative_steps + other.speculative_steps)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -107,7 +114,7 @@ def step_metrics(accepted: list[int | None], new_tokens: int, draft_nodes: int, 
         hist[a] += 1
     return SpecMetrics(target_steps=1, sequence_steps=len(live), draft_tokens=draft_nodes * len(live),
                        accepted_draft_tokens=sum(live), new_tokens=new_tokens, wall_s=wall_s,
-                       acceptance_histogram=hist, max_depth=max_depth)
+                       acceptance_histogram=hist, max_depth=max_depth, speculative_steps=int(draft_nodes > 0))
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,8 @@ class Batch:
     eos: frozenset[int]
     cfg: GenerationConfig
     steps: int = 0
+    #: what the target committed since the drafter last observed (steps without a tree defer it)
+    pending: list[tuple] = field(default_factory=list)
 
 
 def eos_set(eos) -> frozenset[int]:
@@ -221,8 +230,8 @@ def verify(target: LlamaModel, tree: TreeBuffers, drafts: torch.Tensor, batch: B
 
 def commit(drafter: Drafter | None, tree: TreeBuffers, batch: Batch, drafts: torch.Tensor, res: VerifyResult,
            hidden: torch.Tensor, aux: tuple[torch.Tensor, ...]) -> tuple[list[list[int]], list[int | None]]:
-    """Keep root + accepted nodes in the KV cache, hand each live sequence its new tokens, and let the
-    drafter observe the target's states at the kept nodes."""
+    """Keep root + accepted nodes in the KV cache, hand each live sequence its new tokens, and queue the
+    target's states at the kept nodes for the drafter (it observes them before its next proposal)."""
     keep = [torch.tensor(k, dtype=torch.long) for k in res.keep_nodes]
     batch.cache.commit(keep)
     batch.steps += 1
@@ -239,13 +248,30 @@ def commit(drafter: Drafter | None, tree: TreeBuffers, batch: Batch, drafts: tor
         fresh.append(new)
         accepted.append(res.accepted_len[b])
     batch.root = torch.tensor(res.bonus, dtype=torch.long)
-    if drafter is not None:
+    if drafter is not None:  # observed before the next proposal (observe_pending), in one call
         B = len(keep)
         aux_cat = torch.cat(aux, -1) if aux else None
-        drafter.observe([hidden[b, keep[b]] for b in range(B)],
-                        [aux_cat[b, keep[b]] for b in range(B)] if aux_cat is not None else None,
-                        [drafts[b, keep[b]] for b in range(B)], [torch.tensor(res.tokens[b]) for b in range(B)])
+        batch.pending.append(([hidden[b, keep[b]] for b in range(B)],
+                              [aux_cat[b, keep[b]] for b in range(B)] if aux_cat is not None else None,
+                              [drafts[b, keep[b]] for b in range(B)], [torch.tensor(res.tokens[b]) for b in range(B)]))
     return fresh, accepted
+
+
+def observe_pending(drafter: Drafter, batch: Batch) -> None:
+    """Hand the drafter everything committed since it last looked, one observation per sequence: after
+    plain steps of an adaptive run it catches up in one forward instead of one per skipped step."""
+    chunks, batch.pending = batch.pending, []
+    if not chunks:
+        return
+    if len(chunks) == 1:
+        drafter.observe(*chunks[0])
+        return
+    B = len(chunks[0][0])
+
+    def joined(i: int) -> list[torch.Tensor] | None:
+        return None if chunks[0][i] is None else [torch.cat([c[i][b] for c in chunks]) for b in range(B)]
+
+    drafter.observe(joined(0), joined(1), joined(2), joined(3))
 
 
 def decode(target: LlamaModel, drafter: Drafter | None, tree: TreeBuffers, prompts: list[list[int]],
@@ -258,17 +284,24 @@ def decode(target: LlamaModel, drafter: Drafter | None, tree: TreeBuffers, promp
         raise ValueError("max_new_tokens must be >= 1")
     if drafter is None or tree.num_nodes == 0:
         drafter, tree = None, build_tree(())
+    policy = AdaptiveSpeculation(tree) if cfg.adaptive and drafter is not None else None
     batch, first = prefill(target, drafter, prompts, cfg, tree)
     yield first
     aux_layers = drafter.aux_layers if drafter is not None else ()
     while not all(batch.done):
+        step_tree = policy.choose() if policy is not None else tree
         t0 = time.perf_counter()
-        drafts = propose(drafter, tree, batch)
-        res, hidden, aux = verify(target, tree, drafts, batch, aux_layers)
-        fresh, accepted = commit(drafter, tree, batch, drafts, res, hidden, aux)
-        metrics = step_metrics(accepted, sum(len(f) for f in fresh), tree.num_nodes, tree.max_depth,
-                               time.perf_counter() - t0)
-        yield StepOutput(fresh, accepted, metrics)
+        speculating = drafter is not None and step_tree.num_nodes > 0
+        if speculating:
+            observe_pending(drafter, batch)
+        drafts = propose(drafter if speculating else None, step_tree, batch)
+        res, hidden, aux = verify(target, step_tree, drafts, batch, aux_layers)
+        fresh, accepted = commit(drafter, step_tree, batch, drafts, res, hidden, aux)
+        wall = time.perf_counter() - t0
+        if policy is not None:
+            policy.record([a for a in accepted if a is not None], wall)
+        yield StepOutput(fresh, accepted,
+                         step_metrics(accepted, sum(len(f) for f in fresh), step_tree.num_nodes, tree.max_depth, wall))
 
 
 class SpeculativeGenerator:

@@ -1,0 +1,86 @@
+"""Adaptive speculation: the tree shrinks or speculation stops when it does not pay, and resumes when it does."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtspec.demo.tiny import make_tiny_llama
+from trtspec.load import load_spec_model
+from trtspec.runtime.adaptive import AdaptiveSpeculation
+from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
+from trtspec.tree import DEFAULT_CHOICES, build_tree
+
+
+def drive(policy: AdaptiveSpeculation, steps: int, accepted_at_depth, plain_s: float = 1.0,
+          node_s: float = 0.05) -> list[int]:
+    """Run the policy against a synthetic machine: a step costs plain_s + node_s per tree node, and a
+    step with a depth-D tree accepts min(D, accepted_at_depth(step)) drafts. Returns the depth per step."""
+    depths = []
+    for step in range(steps):
+        tree = policy.choose()
+        depth = tree.max_depth
+        depths.append(depth)
+        policy.record([min(depth, accepted_at_depth(step))], plain_s + node_s * tree.num_nodes)
+    return depths
+
+
+def test_useless_drafter_stops_speculating():
+    policy = AdaptiveSpeculation(build_tree(DEFAULT_CHOICES))
+    depths = drive(policy, 400, lambda step: 0)
+    spec_steps = sum(1 for d in depths if d)
+    assert spec_steps <= 12, spec_steps  # exploration + probes at doubling intervals
+    assert all(d == 0 for d in depths[-50:-1] if d == 0)  # and the tail is plain decoding
+
+
+def test_good_drafter_keeps_speculating_and_shrinks_to_what_pays():
+    policy = AdaptiveSpeculation(build_tree(DEFAULT_CHOICES))
+    depths = drive(policy, 200, lambda step: 2)  # always exactly 2 accepted: depth 3+ nodes are wasted
+    tail = depths[20:]
+    assert sum(1 for d in tail if d) >= 0.95 * len(tail)
+    assert max(set(tail), key=tail.count) == 2  # the depth that pays best, not the full tree
+
+
+def test_speculation_resumes_when_the_text_turns_predictable():
+    policy = AdaptiveSpeculation(build_tree(DEFAULT_CHOICES))
+    depths = drive(policy, 300, lambda step: 0 if step < 150 else 6)
+    assert sum(1 for d in depths[100:150] if d) <= 3
+    resumed = next(i for i in range(150, 300) if depths[i] > 0)
+    assert resumed - 150 <= policy.max_probe_every + 1
+    assert sum(1 for d in depths[resumed + 5:] if d) >= 0.9 * len(depths[resumed + 5:])
+
+
+def test_costs_decide_not_constants():
+    """The same acceptance speculates on a machine where nodes are cheap and not where they are dear."""
+    cheap = drive(AdaptiveSpeculation(build_tree(DEFAULT_CHOICES)), 100, lambda s: 1, node_s=0.01)
+    dear = drive(AdaptiveSpeculation(build_tree(DEFAULT_CHOICES)), 100, lambda s: 1, node_s=0.5)
+    assert sum(1 for d in cheap[20:] if d) > 70
+    assert sum(1 for d in dear[20:] if d) < 15
+
+
+@pytest.fixture(scope="module")
+def useless(tmp_path_factory):
+    """A target and a draft model of the same shape but other random weights: it accepts next to nothing."""
+    root = tmp_path_factory.mktemp("useless")
+    target = make_tiny_llama(root / "target", vocab_size=128, num_hidden_layers=4, seed=0)
+    draft = make_tiny_llama(root / "draft", vocab_size=128, num_hidden_layers=2, seed=9)
+    return load_spec_model(target, draft, tree=str([list(c) for c in DEFAULT_CHOICES]))
+
+
+def test_fallback_engages_in_the_loop_and_output_is_unchanged(useless):
+    gen = SpeculativeGenerator(useless)
+    prompts = [[5, 9, 17, 3], [60, 61, 62]]
+    plain = gen.generate(prompts, GenerationConfig(max_new_tokens=60, speculative=False))
+    fixed = gen.generate(prompts, GenerationConfig(max_new_tokens=60))
+    adaptive = gen.generate(prompts, GenerationConfig(max_new_tokens=60, adaptive=True))
+    assert adaptive.tokens == plain.tokens == fixed.tokens
+    assert fixed.metrics.speculative_steps == fixed.metrics.target_steps
+    assert adaptive.metrics.speculative_steps <= 12 < adaptive.metrics.target_steps
+    assert adaptive.metrics.mean_acceptance_length < 1.2
+
+
+def test_adaptive_sampling_and_streaming_stay_consistent(useless):
+    """Deferred observations: streaming chunks add up to the result, sampling still runs."""
+    gen = SpeculativeGenerator(useless)
+    cfg = GenerationConfig(max_new_tokens=40, adaptive=True, temperature=1.0, seed=3)
+    steps = list(gen.stream_batch([[1, 2, 3]], cfg))
+    assert sum(len(s.tokens[0]) for s in steps) == 40

@@ -1,0 +1,129 @@
+"""Speculation that never makes a request slower: choose each step's tree from measured costs and acceptance.
+
+A drafter trained on chat may accept almost nothing on code, another language or random text; then every
+tree node is target compute spent for nothing and speculative decoding is slower than plain. This policy
+measures, on this machine and this request, what each step costs (wall time per tree option, the minimum
+of its recent steps) and how often each depth is accepted (moving averages), and each step picks the option with the highest expected tokens per second:
+
+    rate(option) = (1 + sum over depths d <= D of P(accept >= d)) / step_time(option)
+
+over the options {no tree (plain), the full tree cut at depth 1, 2, ..., D_max}. Plain decoding's rate is
+1 / plain_step_time: the break-even is measured, never a constant. When plain wins, speculation stops;
+every ``probe_every`` plain steps one step probes the best speculative option again (a probe that does
+not pay doubles the interval, up to ``max_probe_every``), so speculation resumes when the text turns
+predictable again. Unmeasured options' times are interpolated by node count between plain and the full
+tree. Output is unaffected: the tree only changes which drafts are verified, never what is accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trtspec.tree import TreeBuffers, build_tree
+
+
+@dataclass
+class AdaptiveSpeculation:
+    """Per-batch tree choice; ``choose`` before a step, ``record`` after it."""
+
+    full: TreeBuffers
+    alpha: float = 0.3  # weight of the newest step in the moving averages
+    prior_accept: float = 0.6  # P(accept >= 1) before anything is measured (depth d: prior ** d)
+    probe_every: int = 8
+    max_probe_every: int = 64
+    explore_steps: int = 2  # full-tree steps measured before the first decision
+    remeasure_every: int = 64  # while speculating, one plain step this often keeps the break-even current
+    margin: float = 0.03  # speculate only when it is expected to be this much faster (timing noise)
+    window: int = 8  # step times kept per option; the estimate is their minimum
+    options: list[TreeBuffers] = field(init=False)
+    times: list[list[float]] = field(init=False)
+    accept: list[float] = field(init=False)  # accept[d-1] = P(accepted >= d)
+
+    def __post_init__(self) -> None:
+        depth = self.full.max_depth
+        self.options = [build_tree(())] + [
+            build_tree(tuple(c for c in self.full.choices if len(c) <= d)) for d in range(1, depth + 1)]
+        self.times = [[] for _ in self.options]
+        self.accept = [self.prior_accept ** d for d in range(1, depth + 1)]
+        self._interval = self.probe_every
+        self._since_probe = 0
+        self._explored = 0
+        self._since_plain = 0
+        self._last = 0
+
+    # estimates ----------------------------------------------------------------------------------
+    def expected_tokens(self, option: int) -> float:
+        """Tokens committed per step with the tree cut at depth ``option`` (0 = plain: one token)."""
+        return 1.0 + sum(self.accept[:option])
+
+    def measured_time(self, option: int) -> float | None:
+        """The minimum of the option's recent step times: other processes only ever add time, and an
+        option's first step (warm-up) counts only until a second one is measured."""
+        t = self.times[option]
+        if not t:
+            return None
+        return min(t[1:][-self.window:]) if len(t) > 1 else t[0]
+
+    def estimated_time(self, option: int) -> float | None:
+        t = self.measured_time(option)
+        if t is not None:
+            return t
+        t0, tf = self.measured_time(0), self.measured_time(len(self.options) - 1)
+        if t0 is None or tf is None:
+            return None
+        share = self.options[option].num_nodes / max(self.full.num_nodes, 1)
+        return t0 + (tf - t0) * share
+
+    def rate(self, option: int) -> float | None:
+        t = self.estimated_time(option)
+        return None if t is None or t <= 0 else self.expected_tokens(option) / t
+
+    def best_speculative(self) -> int:
+        rates = [(self.rate(k) or 0.0, k) for k in range(1, len(self.options))]
+        return max(rates)[1] if rates else 0
+
+    # the two calls the loop makes ---------------------------------------------------------------
+    def choose(self) -> TreeBuffers:
+        """The tree for the next step (an empty tree = a plain step)."""
+        self._last = self._choose_option()
+        return self.options[self._last]
+
+    def _choose_option(self) -> int:
+        if len(self.options) == 1:
+            return 0
+        if len(self.times[0]) < 2:
+            return 0  # measure plain decoding (twice: the first step pays warm-up): the break-even
+        if self._explored < self.explore_steps:
+            return len(self.options) - 1
+        best = self.best_speculative()
+        plain_rate, spec_rate = self.rate(0) or 0.0, self.rate(best) or 0.0
+        if spec_rate > plain_rate * (1 + self.margin):
+            self._since_plain += 1
+            # a narrow win is re-checked against a fresh plain step sooner than a wide one
+            every = self.remeasure_every if spec_rate > 1.25 * plain_rate else max(4, self.remeasure_every // 4)
+            if self._since_plain >= every:
+                self._since_plain = 0
+                return 0
+            return best
+        self._since_probe += 1
+        if self._since_probe >= self._interval:  # look again: the text may have turned predictable
+            self._since_probe = 0
+            return best
+        return 0
+
+    def record(self, accepted: list[int], wall_s: float) -> None:
+        """What the step chosen by the last ``choose`` cost and accepted (one entry per live sequence)."""
+        k = self._last
+        self.times[k].append(wall_s)
+        del self.times[k][1:-self.window]  # keep the first (warm-up) sample and a window of recent ones
+        if k == 0 or not accepted:
+            return
+        if self._explored < self.explore_steps:
+            self._explored += 1
+        n = len(accepted)
+        for d in range(1, k + 1):
+            hit = sum(1 for a in accepted if a >= d) / n
+            self.accept[d - 1] = (1 - self.alpha) * self.accept[d - 1] + self.alpha * hit
+        if self._explored >= self.explore_steps:
+            pays = (self.rate(k) or 0.0) > (self.rate(0) or 0.0) * (1 + self.margin)
+            self._interval = self.probe_every if pays else min(2 * self._interval, self.max_probe_every)
