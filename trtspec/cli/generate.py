@@ -39,10 +39,13 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True))
 @click.option("--seed", default=0, show_default=True)
 @click.option("--compare", is_flag=True, help="Also run plain decoding and report the speedup.")
+@click.option("--adaptive/--fixed-tree", default=True, show_default=True,
+              help="Adaptive: each step's tree (down to none) is the one with the best measured tokens/s on this "
+                   "machine and text, so speculation never runs slower than plain. Fixed: always the whole tree.")
 @draft_vocab_option
 @click.option("--json", "as_json", is_flag=True, help="Print metrics as JSON.")
 def generate_cmd(target, heads, heads_format, allow_pickle, tree, dtype, prompt, chat, max_tokens,
-                 temperature, top_k, top_p, seed, compare, draft_vocab, as_json):
+                 temperature, top_k, top_p, seed, compare, adaptive, draft_vocab, as_json):
     """Generate with the PyTorch reference runtime (CPU) and print the text and acceptance metrics.
 
     Greedy speculative output is token-identical to plain greedy decoding; with --temperature > 0 the
@@ -58,7 +61,7 @@ def generate_cmd(target, heads, heads_format, allow_pickle, tree, dtype, prompt,
     gen = SpeculativeGenerator(spec, dtype=spec.dtype if dtype else None)  # default: float32 on a CPU
     eos = spec.target.arch.eos_token_id
     cfg = GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           seed=seed, eos_token_id=eos)
+                           seed=seed, eos_token_id=eos, adaptive=adaptive)
     click.echo(spec.describe(), err=True)
     res = gen.generate(prompts, cfg)
     for p, toks in zip(prompt, res.tokens):

@@ -192,7 +192,9 @@ def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, c
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=2) + "\n")
         click.echo(f"wrote {out}")
-    if write_heads:
+    if write_heads and not report["beats_plain"]:
+        click.echo(f"not recording a tree in {heads}: it would make decoding slower than plain", err=True)
+    elif write_heads:
         from trtspec.train.tune_run import record_tree
 
         record_tree(heads, best["choices"])

@@ -14,8 +14,8 @@ def metrics_lines(m: SpecMetrics) -> list[str]:
         f"mean acceptance length {m.mean_acceptance_length:.3f} tokens/step (bonus included)",
         f"per-position acceptance {pos}",
         f"accepted-drafts histogram {hist}",
-        f"target steps {m.target_steps}, new tokens {m.new_tokens}, draft tokens {m.draft_tokens}, "
-        f"accepted {m.accepted_draft_tokens}",
+        f"target steps {m.target_steps} ({m.speculative_steps} speculative), new tokens {m.new_tokens}, "
+        f"draft tokens {m.draft_tokens}, accepted {m.accepted_draft_tokens}",
         f"wall {m.wall_s:.3f}s (prefill {m.prefill_s:.3f}s), {m.tokens_per_s:.1f} tokens/s",
     ]
 

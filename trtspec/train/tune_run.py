@@ -100,8 +100,14 @@ def tune_on_cache(gen, cache: HiddenCache, eval_items: list[list[int]], budgets:
     key = (lambda r: r.get("speedup") or 0.0) if speed and eval_items else \
         (lambda r: r.get("measured", r["expected"]))
     best = max(results.values(), key=key)
+    timed = speed and bool(eval_items) and best.get("speedup") is not None
+    pays = not timed or best["speedup"] > 1.0
+    if not pays:
+        echo(f"no tree beats plain decoding on this data: the best, {best['nodes']} nodes, runs at "
+             f"{best['speedup']:.2f}x plain. Train on data closer to your traffic, or serve with adaptive "
+             "speculation (it stops speculating where drafts do not pay).")
     return {"per_depth_topk": table, "calibration_positions": int(len(ranks)), "budgets": list(results.values()),
-            "best": best}
+            "best": best, "beats_plain": pays}
 
 
 def tune(target, heads, heads_format, calib_samples, eval_samples, budgets, depth=None, topk=8,
