@@ -59,7 +59,8 @@ def run_build_step(paths: dict[str, Path], out: Path) -> int:
     """The main job on the demo: `trtspec build` (checkpoint, plan, build script, Triton repository)."""
     from trtspec.cli import main
 
-    kind = next(n for n, k in registry.KINDS.items() if k.engine.supported and k.engine.draft_len == "nodes")
+    # the stock TensorRT-LLM Medusa layout: an engine without trtspec's plugin library
+    kind = next(n for n, k in registry.KINDS.items() if k.engine.layout == "MedusaForCausalLM")
     args = ["build", "--target", str(paths["target"]), "--heads", str(paths[kind]), "--config", "demo",
             "--tree", "chain:3", "--out", str(out), "--allow-no-gpu", "--overwrite", "--no-progress"]
     click.echo("\n$ trtspec " + " ".join(args))

@@ -3,7 +3,8 @@
 A drafter trained on chat may accept almost nothing on code, another language or random text; then every
 tree node is target compute spent for nothing and speculative decoding is slower than plain. This policy
 measures, on this machine and this request, what each step costs (wall time per tree option, the minimum
-of its recent steps) and how often each depth is accepted (moving averages), and each step picks the option with the highest expected tokens per second:
+of its recent steps) and how often each depth is accepted (moving averages), and each step picks the
+option with the highest expected tokens per second:
 
     rate(option) = (1 + sum over depths d <= D of P(accept >= d)) / step_time(option)
 
