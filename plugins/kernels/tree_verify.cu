@@ -26,6 +26,11 @@ constexpr int kTileBase = 256;   // elements per warp step: 32 lanes x 8 consecu
 constexpr int kMaxTiles = 2048;  // tile sums kept in shared memory (16 KiB of doubles)
 constexpr int kIdsThreads = 128;
 constexpr int kLogitsThreads = 512;
+// 16-byte vector loads each thread issues before it consumes any (bytes in flight per SM = 512 threads x
+// kInFlight x 16 B = 64 KiB): a row streams at memory bandwidth instead of one load's latency per step.
+constexpr int kInFlight = 8;
+// Tiles a warp loads before it sums any of them (row_stats' sum pass).
+constexpr int kTilesInFlight = 4;
 
 struct VerifyArgs {
     const int32_t* paths;
@@ -41,6 +46,7 @@ struct VerifyArgs {
     int32_t num_tiles;
     const float* temperature;
     const int64_t* seed;
+    int32_t seed_len;   // 1: (seed), 2: (seed, step)
     int32_t* accepted_len;
     int32_t* out_tokens;
     int32_t* best_path;
@@ -52,6 +58,14 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
     x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
     return x ^ (x >> 31);
+}
+
+// The key of one verification step: seed advanced `step` times along the splitmix64 sequence (seed_len 2),
+// so a constant seed with a step counter gives fresh uniforms every step; step 0 is the seed itself.
+__device__ __forceinline__ uint64_t step_key(const int64_t* seed, int32_t seed_len) {
+    const uint64_t s = static_cast<uint64_t>(seed[0]);
+    const uint64_t step = seed_len > 1 ? static_cast<uint64_t>(seed[1]) : 0ull;
+    return s + step * 0x9E3779B97F4A7C15ull;
 }
 
 // counter_uniform(seed, batch, node, slot) of trtspec/runtime/verify.py.
@@ -129,24 +143,50 @@ __device__ __forceinline__ double block_sum_double(double v, double* s_scratch) 
     return r;
 }
 
-// argmax over one row, every thread gets the index.
+// Folds the elements of one 16-byte vector starting at index j0 into a running argmax.
+template <typename TT>
+__device__ __forceinline__ void argmax_fold(const Vec16<TT>& v, int64_t j0, float& best, int& bi) {
+#pragma unroll
+    for (int e = 0; e < Vec16<TT>::kSize; ++e) {
+        const float f = to_float(v.v[e]);
+        const int idx = static_cast<int>(j0 + e);
+        if (argmax_better(f, idx, best, bi)) {
+            best = f;
+            bi = idx;
+        }
+    }
+}
+
+// argmax over one row, every thread gets the index. Vector path: kInFlight 16-byte loads per thread are
+// issued before any is consumed (the order of consumption does not matter: ties go to the lower index).
 template <typename TT, int NT>
 __device__ int block_argmax(const TT* row, const VerifyArgs& a) {
     __shared__ float s_v[NT / 32];
     __shared__ int s_i[NT / 32];
     float best = -INFINITY;
     int bi = INT_MAX;
-    const int64_t chunks = (static_cast<int64_t>(a.vocab) + 7) / 8;
-#pragma unroll 2
-    for (int64_t c = threadIdx.x; c < chunks; c += NT) {
-        float f[8];
-        const int n = load8(row, c * 8, a.vocab, a.vec_ok, f);
+    if (a.vec_ok) {
+        constexpr int N = Vec16<TT>::kSize;
+        const int64_t nvec = a.vocab / N;  // vec_ok: vocab % 8 == 0, so no tail
+        for (int64_t base = threadIdx.x; base < nvec; base += static_cast<int64_t>(NT) * kInFlight) {
+            Vec16<TT> v[kInFlight];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int idx = static_cast<int>(c * 8 + e);
-            if (e < n && argmax_better(f[e], idx, best, bi)) {
-                best = f[e];
-                bi = idx;
+            for (int u = 0; u < kInFlight; ++u) {
+                const int64_t c = base + static_cast<int64_t>(u) * NT;
+                if (c < nvec) v[u] = load_vec(row + c * N);
+            }
+#pragma unroll
+            for (int u = 0; u < kInFlight; ++u) {
+                const int64_t c = base + static_cast<int64_t>(u) * NT;
+                if (c < nvec) argmax_fold(v[u], c * N, best, bi);
+            }
+        }
+    } else {
+        for (int64_t j = threadIdx.x; j < a.vocab; j += NT) {
+            const float f = to_float(row[j]);
+            if (argmax_better(f, static_cast<int>(j), best, bi)) {
+                best = f;
+                bi = static_cast<int>(j);
             }
         }
     }
@@ -178,17 +218,48 @@ __device__ int block_argmax(const TT* row, const VerifyArgs& a) {
     return bi == INT_MAX ? 0 : bi;
 }
 
+// max over one row of x / temp (the softmax shift), every thread gets it; loads in flight as in block_argmax.
+template <typename TT, int NT>
+__device__ float block_row_max(const TT* row, const VerifyArgs& a, float temp, float* s_scratch) {
+    float mx = -FLT_MAX;
+    if (a.vec_ok) {
+        constexpr int N = Vec16<TT>::kSize;
+        const int64_t nvec = a.vocab / N;
+        for (int64_t base = threadIdx.x; base < nvec; base += static_cast<int64_t>(NT) * kInFlight) {
+            Vec16<TT> v[kInFlight];
+#pragma unroll
+            for (int u = 0; u < kInFlight; ++u) {
+                const int64_t c = base + static_cast<int64_t>(u) * NT;
+                if (c < nvec) v[u] = load_vec(row + c * N);
+            }
+#pragma unroll
+            for (int u = 0; u < kInFlight; ++u) {
+                const int64_t c = base + static_cast<int64_t>(u) * NT;
+                if (c < nvec) {
+#pragma unroll
+                    for (int e = 0; e < N; ++e) mx = fmaxf(mx, to_float(v[u].v[e]) / temp);
+                }
+            }
+        }
+    } else {
+        for (int64_t j = threadIdx.x; j < a.vocab; j += NT) mx = fmaxf(mx, to_float(row[j]) / temp);
+    }
+    return block_max<NT>(mx, s_scratch);
+}
+
 // p[j] up to a common factor: exp(x/temp - m) for logits, x itself for probabilities.
 template <bool kLogits>
 __device__ __forceinline__ float pvalue(float x, float temp, float m) {
     return kLogits ? expf(x / temp - m) : x;
 }
 
-// Sum of p over one tile with the rejected tokens zeroed, in a fixed order (lane-wise, then the warp):
-// row_stats and the draw's recomputation give bit-identical sums for an untouched tile. Whole warp calls.
+// One lane's part of a tile sum: its 8 elements of each of the tile's tile_mult steps, rejected tokens
+// zeroed, accumulated in a fixed order. `f`/`n` are the already loaded elements of step 0 when `pre` is set
+// (row_stats loads several tiles ahead); the result does not depend on whether they were.
 template <typename TT, bool kLogits>
-__device__ double tile_sum(const TT* row, const VerifyArgs& a, int tile, float temp, float m, const int* s_rej,
-                           int nrej) {
+__device__ __forceinline__ double lane_tile_sum(const TT* row, const VerifyArgs& a, int tile, float temp, float m,
+                                                const int* s_rej, int nrej, bool pre, const float (&f0)[8],
+                                                int n0) {
     const int lane = threadIdx.x & 31;
     const int64_t tile_elems = static_cast<int64_t>(kTileBase) * a.tile_mult;
     double acc = 0.0;
@@ -196,7 +267,14 @@ __device__ double tile_sum(const TT* row, const VerifyArgs& a, int tile, float t
         const int64_t j = tile * tile_elems + static_cast<int64_t>(s) * kTileBase + lane * 8;
         if (j < a.vocab) {
             float f[8];
-            const int n = load8(row, j, a.vocab, a.vec_ok, f);
+            int n;
+            if (pre && s == 0) {
+                n = n0;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) f[e] = f0[e];
+            } else {
+                n = load8(row, j, a.vocab, a.vec_ok, f);
+            }
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 bool zero = e >= n;
@@ -205,35 +283,55 @@ __device__ double tile_sum(const TT* row, const VerifyArgs& a, int tile, float t
             }
         }
     }
-    return warp_sum(acc);
+    return acc;
+}
+
+// Sum of p over one tile with the rejected tokens zeroed, in a fixed order (lane-wise, then the warp):
+// row_stats and the draw's recomputation give bit-identical sums for an untouched tile. Whole warp calls.
+template <typename TT, bool kLogits>
+__device__ double tile_sum(const TT* row, const VerifyArgs& a, int tile, float temp, float m, const int* s_rej,
+                           int nrej) {
+    const float none[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    return warp_sum(lane_tile_sum<TT, kLogits>(row, a, tile, temp, m, s_rej, nrej, false, none, 0));
 }
 
 // Softmax statistics of one row (max of x/temp for logits, and the sum of p) plus the per-tile sums of p
-// in s_tile for the inverse-CDF draw. Tiles are warp-strided.
+// in s_tile for the inverse-CDF draw. Tiles are warp-strided; each warp loads the first step of
+// kTilesInFlight tiles before it sums any of them.
 template <typename TT, int NT, bool kLogits>
 __device__ double row_stats(const TT* row, const VerifyArgs& a, float temp, float* m_out, double* s_tile) {
     __shared__ float s_f[NT / 32];
     __shared__ double s_d[NT / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float m = 0.0f;
-    if constexpr (kLogits) {
-        const int64_t chunks = (static_cast<int64_t>(a.vocab) + 7) / 8;
-        float mx = -FLT_MAX;
-#pragma unroll 2
-        for (int64_t c = threadIdx.x; c < chunks; c += NT) {
-            float f[8];
-            const int n = load8(row, c * 8, a.vocab, a.vec_ok, f);
-#pragma unroll
-            for (int e = 0; e < 8; ++e)
-                if (e < n) mx = fmaxf(mx, f[e] / temp);
-        }
-        m = block_max<NT>(mx, s_f);
-    }
+    if constexpr (kLogits) m = block_row_max<TT, NT>(row, a, temp, s_f);
+    const int64_t tile_elems = static_cast<int64_t>(kTileBase) * a.tile_mult;
     double total = 0.0;
-    for (int t = warp; t < a.num_tiles; t += NT / 32) {
-        const double acc = tile_sum<TT, kLogits>(row, a, t, temp, m, nullptr, 0);
-        if (lane == 0) s_tile[t] = acc;
-        total += acc;
+    for (int t0 = warp; t0 < a.num_tiles; t0 += (NT / 32) * kTilesInFlight) {
+        float f[kTilesInFlight][8];
+        int n[kTilesInFlight];
+#pragma unroll
+        for (int u = 0; u < kTilesInFlight; ++u) {
+            const int t = t0 + u * (NT / 32);
+            const int64_t j = t * tile_elems + lane * 8;
+            n[u] = 0;
+            if (t < a.num_tiles && j < a.vocab) {
+                n[u] = load8(row, j, a.vocab, a.vec_ok, f[u]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) f[u][e] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kTilesInFlight; ++u) {
+            const int t = t0 + u * (NT / 32);
+            if (t < a.num_tiles) {  // warp-uniform
+                const double acc =
+                    warp_sum(lane_tile_sum<TT, kLogits>(row, a, t, temp, m, nullptr, 0, true, f[u], n[u]));
+                if (lane == 0) s_tile[t] = acc;
+                total += acc;
+            }
+        }
     }
     if (lane != 0) total = 0.0;
     total = block_sum_double<NT>(total, s_d);
@@ -400,7 +498,7 @@ __global__ void __launch_bounds__(NT) tree_verify_kernel(VerifyArgs a) {
     __syncthreads();
 
     const TT* target = static_cast<const TT*>(a.target);
-    const uint64_t seed = kSampling ? static_cast<uint64_t>(*a.seed) : 0ull;
+    const uint64_t seed = kSampling ? step_key(a.seed, a.seed_len) : 0ull;
     float temp = 1.0f;
     if (kLogits && a.temperature != nullptr) temp = fmaxf(a.temperature[b], 1e-6f);
 
@@ -532,7 +630,8 @@ int launch_typed(int mode, const VerifyArgs& a, int batch, cudaStream_t s) {
 extern "C" int trtspec_tree_verify(int mode, const int32_t* paths, int32_t num_paths, int32_t path_len,
                                    const int32_t* draft_tokens, int32_t batch, int32_t num_nodes,
                                    const int32_t* target_ids, const void* target, int target_dtype, int32_t vocab,
-                                   const float* temperature, const int64_t* seed, int32_t* accepted_len,
+                                   const float* temperature, const int64_t* seed, int32_t seed_len,
+                                   int32_t* accepted_len,
                                    int32_t* out_tokens, int32_t* best_path, int32_t* keep_nodes, void* stream) {
     using namespace trtspec;
     if (mode < TRTSPEC_VERIFY_GREEDY_IDS || mode > TRTSPEC_VERIFY_SAMPLE_PROBS) return TRTSPEC_ERR_INVALID_ARGUMENT;
@@ -557,6 +656,7 @@ extern "C" int trtspec_tree_verify(int mode, const int32_t* paths, int32_t num_p
     a.vocab = vocab;
     a.temperature = temperature;
     a.seed = seed;
+    a.seed_len = seed_len;
     a.accepted_len = accepted_len;
     a.out_tokens = out_tokens;
     a.best_path = best_path;
@@ -569,7 +669,9 @@ extern "C" int trtspec_tree_verify(int mode, const int32_t* paths, int32_t num_p
         return launch_status();
     }
     if (target == nullptr || vocab < 1) return TRTSPEC_ERR_INVALID_ARGUMENT;
-    if (mode != TRTSPEC_VERIFY_GREEDY_LOGITS && seed == nullptr) return TRTSPEC_ERR_INVALID_ARGUMENT;
+    if (mode != TRTSPEC_VERIFY_GREEDY_LOGITS && (seed == nullptr || seed_len < 1 || seed_len > 2)) {
+        return TRTSPEC_ERR_INVALID_ARGUMENT;
+    }
     a.vec_ok = vocab % 8 == 0 && aligned16(target);
     const int64_t per_tile_max = static_cast<int64_t>(kTileBase) * kMaxTiles;
     a.tile_mult = static_cast<int32_t>((vocab + per_tile_max - 1) / per_tile_max);

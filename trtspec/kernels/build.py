@@ -140,7 +140,7 @@ def sources_hash() -> str:
     h = hashlib.sha256()
     for p in sorted(src.rglob("*")):
         rel = p.relative_to(src)
-        if p.is_file() and p.suffix in {".cu", ".cuh", ".h", ".cpp", ".txt"} and "build" not in rel.parts[:-1]:
+        if p.is_file() and p.suffix in {".cu", ".cuh", ".h", ".cpp", ".txt", ".map"} and "build" not in rel.parts[:-1]:
             h.update(str(rel).encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:16]
