@@ -194,6 +194,36 @@ def rmsnorm_heads(hidden: torch.Tensor, weights: torch.Tensor, eps: float, layou
     return out
 
 
+def rmsnorm_heads_strided(hidden: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, eps: float,
+                          lib: KernelLibrary | None = None) -> torch.Tensor:
+    """The raw strided entry point: hidden [T, H], weights [K, H] and out [K, T, H] may be views with any
+    row/head/token strides (the last axis contiguous), e.g. weights sliced out of a wider buffer.
+
+    Why exposed: a network rarely hands the kernel three freshly packed tensors; this is the call that
+    checks the kernel honours each stride instead of assuming H."""
+    if hidden.dim() != 2 or weights.dim() != 2 or out.dim() != 3:
+        raise UsageError("rmsnorm_heads_strided: hidden [T, H], weights [K, H] and out [K, T, H]")
+    t, h = hidden.shape
+    k = weights.shape[0]
+    if weights.shape[1] != h or tuple(out.shape) != (k, t, h):
+        raise UsageError(f"rmsnorm_heads_strided: shapes {tuple(hidden.shape)}, {tuple(weights.shape)}, "
+                         f"{tuple(out.shape)} do not fit")
+    if 1 not in (hidden.stride(-1), weights.stride(-1), out.stride(-1)) or \
+            min(hidden.stride(-1), weights.stride(-1), out.stride(-1)) != 1 or \
+            max(hidden.stride(-1), weights.stride(-1), out.stride(-1)) != 1:
+        raise UsageError("rmsnorm_heads_strided: the hidden axis must be contiguous in every tensor")
+    check_rmsnorm_inputs(hidden, weights, "head-major")
+    if out.dtype != hidden.dtype:
+        raise UsageError("rmsnorm_heads_strided: out must have the hidden state's dtype")
+    device = _require_device("rmsnorm_heads_strided", lib, hidden, weights, out)
+    lib = lib or load_library()
+    status = lib.trtspec_rmsnorm_heads(_ptr(hidden), hidden.stride(0), _ptr(weights), weights.stride(0), _ptr(out),
+                                       out.stride(0), out.stride(1), t, h, k, float(eps), DTYPES[hidden.dtype],
+                                       _stream(device))
+    lib.check("trtspec_rmsnorm_heads", status)
+    return out
+
+
 @dataclass
 class TreeVerifyOutput:
     """Kernel outputs, int32 tensors: accepted_len [B], tokens [B, L] (accepted + bonus, -1 padded),
