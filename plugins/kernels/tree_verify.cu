@@ -9,14 +9,30 @@
 // u(node, slot) is the splitmix64 counter generator `counter_uniform` (24-bit mantissa, so it is the
 // same number in fp32, fp64 and Python).
 //
-// One block per sequence. The tree (parents derived from the paths, the node tokens) lives in shared
-// memory. Logits rows are only read at the nodes the walk visits (depth + 1 rows per sequence, not
+// One block per sequence, or (logits and probability modes on sm_90+) one thread block cluster of up to
+// 8 CTAs per sequence: every CTA of the cluster keeps the tree and runs the same walk, but each reads only
+// its 1/C slice of every visited row; the per-row results (argmax, max, tile sums) meet in distributed
+// shared memory at one cluster barrier per reduction. So a 128k-vocabulary row is read by C SMs at once
+// and batch 64 fills the GPU instead of 64 SMs. The tree (parents derived from the paths, the node tokens)
+// lives in shared memory. Logits rows are only read at the nodes the walk visits (depth + 1 rows per sequence, not
 // N + 1): one pass for argmax, or max + sum passes for the softmax. The sum pass also leaves per-tile
 // sums in shared memory so the inverse-CDF draw reads only one tile of the row again.
 #include <cfloat>
 #include <climits>
+#include <cstdlib>
 
 #include "common.cuh"
+
+#ifndef TRTSPEC_HOST_EMULATION
+#include <cooperative_groups.h>
+#endif
+
+// Thread block clusters (distributed shared memory) exist from sm_90 on; elsewhere a "cluster" is one CTA.
+#if !defined(TRTSPEC_HOST_EMULATION) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define TRTSPEC_CLUSTERS 1
+#else
+#define TRTSPEC_CLUSTERS 0
+#endif
 
 namespace trtspec {
 namespace {
@@ -31,6 +47,8 @@ constexpr int kLogitsThreads = 512;
 constexpr int kInFlight = 8;
 // Tiles a warp loads before it sums any of them (row_stats' sum pass).
 constexpr int kTilesInFlight = 4;
+// Largest cluster (CTAs per sequence): the portable cluster size.
+constexpr int kMaxCluster = 8;
 
 struct VerifyArgs {
     const int32_t* paths;
@@ -47,6 +65,7 @@ struct VerifyArgs {
     const float* temperature;
     const int64_t* seed;
     int32_t seed_len;   // 1: (seed), 2: (seed, step)
+    int32_t cluster;    // CTAs per sequence (1..kMaxCluster); blockIdx.x = sequence * cluster + rank
     int32_t* accepted_len;
     int32_t* out_tokens;
     int32_t* best_path;
@@ -100,6 +119,43 @@ __device__ __forceinline__ int load8(const TT* row, int64_t j, int vocab, bool v
         for (int e = 0; e < 8; ++e) f[e] = e < n ? to_float(row[j + e]) : 0.0f;
     }
     return n;
+}
+
+// ------------------------------------------------------------------ clusters
+__device__ __forceinline__ int cluster_rank(const VerifyArgs& a) { return static_cast<int>(blockIdx.x) % a.cluster; }
+
+// [lo, hi) of `count` items that this CTA of the cluster owns (contiguous slices, rank order).
+__device__ __forceinline__ void cluster_slice(const VerifyArgs& a, int64_t count, int64_t& lo, int64_t& hi) {
+    const int64_t per = (count + a.cluster - 1) / a.cluster;
+    lo = min(count, per * cluster_rank(a));
+    hi = min(count, lo + per);
+}
+
+// Barrier of the whole cluster (a block barrier when the cluster is one CTA). Release/acquire: shared-memory
+// stores made into any CTA of the cluster before it are visible to every CTA after it.
+__device__ __forceinline__ void cluster_barrier(const VerifyArgs& a) {
+#if TRTSPEC_CLUSTERS
+    if (a.cluster > 1) {
+        cooperative_groups::this_cluster().sync();
+        return;
+    }
+#endif
+    (void)a;
+    __syncthreads();
+}
+
+// slots[index] = v in every CTA of the cluster (distributed shared memory stores), or locally.
+template <typename T>
+__device__ __forceinline__ void cluster_store_all(const VerifyArgs& a, T* slots, int index, T v) {
+#if TRTSPEC_CLUSTERS
+    if (a.cluster > 1) {
+        cooperative_groups::cluster_group c = cooperative_groups::this_cluster();
+        for (int q = 0; q < a.cluster; ++q) c.map_shared_rank(slots, q)[index] = v;
+        return;
+    }
+#endif
+    (void)a;
+    slots[index] = v;
 }
 
 template <int NT>
@@ -160,29 +216,34 @@ __device__ __forceinline__ void argmax_fold(const Vec16<TT>& v, int64_t j0, floa
 // argmax over one row, every thread gets the index. Vector path: kInFlight 16-byte loads per thread are
 // issued before any is consumed (the order of consumption does not matter: ties go to the lower index).
 template <typename TT, int NT>
-__device__ int block_argmax(const TT* row, const VerifyArgs& a) {
+__device__ int block_argmax(const TT* row, const VerifyArgs& a, int& parity) {
     __shared__ float s_v[NT / 32];
     __shared__ int s_i[NT / 32];
+    __shared__ float s_cv[2][kMaxCluster];  // per-CTA results of the cluster, double-buffered by parity
+    __shared__ int s_ci[2][kMaxCluster];
     float best = -INFINITY;
     int bi = INT_MAX;
     if (a.vec_ok) {
         constexpr int N = Vec16<TT>::kSize;
-        const int64_t nvec = a.vocab / N;  // vec_ok: vocab % 8 == 0, so no tail
-        for (int64_t base = threadIdx.x; base < nvec; base += static_cast<int64_t>(NT) * kInFlight) {
+        int64_t lo, hi;  // this CTA's vectors; vec_ok: vocab % 8 == 0, so no tail
+        cluster_slice(a, a.vocab / N, lo, hi);
+        for (int64_t base = lo + threadIdx.x; base < hi; base += static_cast<int64_t>(NT) * kInFlight) {
             Vec16<TT> v[kInFlight];
 #pragma unroll
             for (int u = 0; u < kInFlight; ++u) {
                 const int64_t c = base + static_cast<int64_t>(u) * NT;
-                if (c < nvec) v[u] = load_vec(row + c * N);
+                if (c < hi) v[u] = load_vec(row + c * N);
             }
 #pragma unroll
             for (int u = 0; u < kInFlight; ++u) {
                 const int64_t c = base + static_cast<int64_t>(u) * NT;
-                if (c < nvec) argmax_fold(v[u], c * N, best, bi);
+                if (c < hi) argmax_fold(v[u], c * N, best, bi);
             }
         }
     } else {
-        for (int64_t j = threadIdx.x; j < a.vocab; j += NT) {
+        int64_t lo, hi;
+        cluster_slice(a, a.vocab, lo, hi);
+        for (int64_t j = lo + threadIdx.x; j < hi; j += NT) {
             const float f = to_float(row[j]);
             if (argmax_better(f, static_cast<int>(j), best, bi)) {
                 best = f;
@@ -215,36 +276,64 @@ __device__ int block_argmax(const TT* row, const VerifyArgs& a) {
         }
     }
     __syncthreads();
+    if (a.cluster > 1) {  // combine the CTAs' slices in rank order: the same answer in every CTA
+        const int par = parity;
+        parity ^= 1;
+        if (threadIdx.x == 0) {
+            cluster_store_all(a, s_cv[par], cluster_rank(a), best);
+            cluster_store_all(a, s_ci[par], cluster_rank(a), bi);
+        }
+        cluster_barrier(a);
+        best = s_cv[par][0];
+        bi = s_ci[par][0];
+        for (int q = 1; q < a.cluster; ++q) {
+            if (argmax_better(s_cv[par][q], s_ci[par][q], best, bi)) {
+                best = s_cv[par][q];
+                bi = s_ci[par][q];
+            }
+        }
+    }
     return bi == INT_MAX ? 0 : bi;
 }
 
 // max over one row of x / temp (the softmax shift), every thread gets it; loads in flight as in block_argmax.
 template <typename TT, int NT>
 __device__ float block_row_max(const TT* row, const VerifyArgs& a, float temp, float* s_scratch) {
+    __shared__ float s_cm[kMaxCluster];  // one max per CTA of the cluster (the tile pass barrier separates uses)
     float mx = -FLT_MAX;
     if (a.vec_ok) {
         constexpr int N = Vec16<TT>::kSize;
-        const int64_t nvec = a.vocab / N;
-        for (int64_t base = threadIdx.x; base < nvec; base += static_cast<int64_t>(NT) * kInFlight) {
+        int64_t lo, hi;
+        cluster_slice(a, a.vocab / N, lo, hi);
+        for (int64_t base = lo + threadIdx.x; base < hi; base += static_cast<int64_t>(NT) * kInFlight) {
             Vec16<TT> v[kInFlight];
 #pragma unroll
             for (int u = 0; u < kInFlight; ++u) {
                 const int64_t c = base + static_cast<int64_t>(u) * NT;
-                if (c < nvec) v[u] = load_vec(row + c * N);
+                if (c < hi) v[u] = load_vec(row + c * N);
             }
 #pragma unroll
             for (int u = 0; u < kInFlight; ++u) {
                 const int64_t c = base + static_cast<int64_t>(u) * NT;
-                if (c < nvec) {
+                if (c < hi) {
 #pragma unroll
                     for (int e = 0; e < N; ++e) mx = fmaxf(mx, to_float(v[u].v[e]) / temp);
                 }
             }
         }
     } else {
-        for (int64_t j = threadIdx.x; j < a.vocab; j += NT) mx = fmaxf(mx, to_float(row[j]) / temp);
+        int64_t lo, hi;
+        cluster_slice(a, a.vocab, lo, hi);
+        for (int64_t j = lo + threadIdx.x; j < hi; j += NT) mx = fmaxf(mx, to_float(row[j]) / temp);
     }
-    return block_max<NT>(mx, s_scratch);
+    mx = block_max<NT>(mx, s_scratch);
+    if (a.cluster > 1) {
+        if (threadIdx.x == 0) cluster_store_all(a, s_cm, cluster_rank(a), mx);
+        cluster_barrier(a);
+        mx = s_cm[0];
+        for (int q = 1; q < a.cluster; ++q) mx = fmaxf(mx, s_cm[q]);
+    }
+    return mx;
 }
 
 // p[j] up to a common factor: exp(x/temp - m) for logits, x itself for probabilities.
@@ -296,26 +385,33 @@ __device__ double tile_sum(const TT* row, const VerifyArgs& a, int tile, float t
 }
 
 // Softmax statistics of one row (max of x/temp for logits, and the sum of p) plus the per-tile sums of p
-// in s_tile for the inverse-CDF draw. Tiles are warp-strided; each warp loads the first step of
-// kTilesInFlight tiles before it sums any of them.
+// in s_tile for the inverse-CDF draw. Each CTA of a cluster sums its slice of the tiles (warp-strided; a
+// warp loads the first step of kTilesInFlight tiles before it sums any) and stores every tile sum into all
+// CTAs' s_tile; after the barrier each CTA adds up the same s_tile in the same order, so every CTA holds
+// the same total and the same tile sums.
 template <typename TT, int NT, bool kLogits>
 __device__ double row_stats(const TT* row, const VerifyArgs& a, float temp, float* m_out, double* s_tile) {
     __shared__ float s_f[NT / 32];
     __shared__ double s_d[NT / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float m = 0.0f;
-    if constexpr (kLogits) m = block_row_max<TT, NT>(row, a, temp, s_f);
+    if constexpr (kLogits) {
+        m = block_row_max<TT, NT>(row, a, temp, s_f);  // ends with a cluster barrier when clustered
+    } else if (a.cluster > 1) {
+        cluster_barrier(a);  // every CTA is done with the previous row's s_tile before it is overwritten
+    }
     const int64_t tile_elems = static_cast<int64_t>(kTileBase) * a.tile_mult;
-    double total = 0.0;
-    for (int t0 = warp; t0 < a.num_tiles; t0 += (NT / 32) * kTilesInFlight) {
+    int64_t lo, hi;
+    cluster_slice(a, a.num_tiles, lo, hi);
+    for (int64_t t0 = lo + warp; t0 < hi; t0 += (NT / 32) * kTilesInFlight) {
         float f[kTilesInFlight][8];
         int n[kTilesInFlight];
 #pragma unroll
         for (int u = 0; u < kTilesInFlight; ++u) {
-            const int t = t0 + u * (NT / 32);
+            const int64_t t = t0 + u * (NT / 32);
             const int64_t j = t * tile_elems + lane * 8;
             n[u] = 0;
-            if (t < a.num_tiles && j < a.vocab) {
+            if (t < hi && j < a.vocab) {
                 n[u] = load8(row, j, a.vocab, a.vec_ok, f[u]);
             } else {
 #pragma unroll
@@ -324,16 +420,19 @@ __device__ double row_stats(const TT* row, const VerifyArgs& a, float temp, floa
         }
 #pragma unroll
         for (int u = 0; u < kTilesInFlight; ++u) {
-            const int t = t0 + u * (NT / 32);
-            if (t < a.num_tiles) {  // warp-uniform
+            const int t = static_cast<int>(t0 + u * (NT / 32));
+            if (t < hi) {  // warp-uniform
                 const double acc =
                     warp_sum(lane_tile_sum<TT, kLogits>(row, a, t, temp, m, nullptr, 0, true, f[u], n[u]));
-                if (lane == 0) s_tile[t] = acc;
-                total += acc;
+                if (lane == 0) cluster_store_all(a, s_tile, t, acc);
             }
         }
     }
-    if (lane != 0) total = 0.0;
+    cluster_barrier(a);
+    double total = 0.0;
+    if (lane == 0) {
+        for (int t = warp; t < a.num_tiles; t += NT / 32) total += s_tile[t];
+    }
     total = block_sum_double<NT>(total, s_d);
     *m_out = m;
     return total;
@@ -478,9 +577,11 @@ __global__ void __launch_bounds__(NT) tree_verify_kernel(VerifyArgs a) {
     __shared__ int s_scratch[NT / 32];
     __shared__ int s_step[2];
 
-    const int b = blockIdx.x;
+    const int b = static_cast<int>(blockIdx.x) / a.cluster;  // the sequence; every CTA of its cluster walks
+    const bool leader = cluster_rank(a) == 0;                 // only the cluster's rank 0 writes the outputs
     const int tid = threadIdx.x;
     const int N1 = a.num_nodes, L = a.path_len, P = a.num_paths;
+    int parity = 0;
     const int64_t row0 = static_cast<int64_t>(b) * N1;
 
     for (int i = tid; i < N1; i += NT) {
@@ -510,7 +611,7 @@ __global__ void __launch_bounds__(NT) tree_verify_kernel(VerifyArgs a) {
             if constexpr (MODE == TRTSPEC_VERIFY_GREEDY_IDS) {
                 want = s_tgt[cur];
             } else {
-                want = block_argmax<TT, NT>(row, a);
+                want = block_argmax<TT, NT>(row, a, parity);
             }
             int next = INT_MAX;
             if (len < L - 1) {
@@ -590,35 +691,90 @@ __global__ void __launch_bounds__(NT) tree_verify_kernel(VerifyArgs a) {
     }
     __syncthreads();
 
-    const int64_t out0 = static_cast<int64_t>(b) * L;
-    for (int i = tid; i < L; i += NT) {
-        a.out_tokens[out0 + i] = i < len ? s_tok[s_acc[i]] : (i == len ? bonus : -1);
-        a.keep_nodes[out0 + i] = i == 0 ? 0 : (i <= len ? s_acc[i - 1] : -1);
+    if (leader) {
+        const int64_t out0 = static_cast<int64_t>(b) * L;
+        for (int i = tid; i < L; i += NT) {
+            a.out_tokens[out0 + i] = i < len ? s_tok[s_acc[i]] : (i == len ? bonus : -1);
+            a.keep_nodes[out0 + i] = i == 0 ? 0 : (i <= len ? s_acc[i - 1] : -1);
+        }
+        int best = INT_MAX;
+        for (int p = tid; p < P; p += NT)
+            if (a.paths[static_cast<int64_t>(p) * L + len] == cur) best = min(best, p);
+        best = block_min_int<NT>(best, s_scratch);
+        if (tid == 0) {
+            a.accepted_len[b] = len;
+            a.best_path[b] = best == INT_MAX ? -1 : best;
+        }
     }
-    int best = INT_MAX;
-    for (int p = tid; p < P; p += NT)
-        if (a.paths[static_cast<int64_t>(p) * L + len] == cur) best = min(best, p);
-    best = block_min_int<NT>(best, s_scratch);
-    if (tid == 0) {
-        a.accepted_len[b] = len;
-        a.best_path[b] = best == INT_MAX ? -1 : best;
+    if (a.cluster > 1) cluster_barrier(a);  // no CTA leaves while a peer may still touch its shared memory
+}
+
+// CTAs per sequence: the largest power of two <= kMaxCluster that keeps every CTA of the batch resident at
+// once (`per_sm` CTAs of this kernel fit on an SM), on sm_90+ only. TRTSPEC_VERIFY_CLUSTER=1..8 overrides
+// it (the tests and the benchmark compare the clustered kernel with the one-CTA-per-sequence one).
+#ifndef TRTSPEC_HOST_EMULATION
+int choose_cluster(int batch, int per_sm) {
+    const DeviceInfo dev = device_info();
+    if (dev.major < 9) return 1;
+    if (char const* env = std::getenv("TRTSPEC_VERIFY_CLUSTER")) {
+        const int want = std::atoi(env);
+        if (want >= 1) {
+            int c = 1;
+            while (c * 2 <= min(want, kMaxCluster)) c *= 2;
+            return c;
+        }
     }
+    const int64_t resident = static_cast<int64_t>(dev.sms) * max(per_sm, 1);
+    int c = 1;
+    while (c < kMaxCluster && static_cast<int64_t>(batch) * c * 2 <= resident) c *= 2;
+    return c;
+}
+#endif
+
+template <typename Kernel>
+void launch_clustered(Kernel kernel, VerifyArgs a, int batch, cudaStream_t s) {
+#ifndef TRTSPEC_HOST_EMULATION
+    static int per_sm = -1;  // CTAs of this kernel per SM (registers decide); asked once per instantiation
+    if (per_sm < 0 && device_info().major >= 9) {
+        int n = 1;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kLogitsThreads, 0) != cudaSuccess) {
+            (void)cudaGetLastError();
+            n = 1;
+        }
+        per_sm = max(n, 1);
+    }
+    a.cluster = choose_cluster(batch, per_sm);
+    if (a.cluster > 1) {
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3(static_cast<unsigned>(batch) * static_cast<unsigned>(a.cluster));
+        config.blockDim = dim3(kLogitsThreads);
+        config.stream = s;
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = static_cast<unsigned>(a.cluster);
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+        config.attrs = attr;
+        config.numAttrs = 1;
+        if (cudaLaunchKernelEx(&config, kernel, a) == cudaSuccess) return;
+        (void)cudaGetLastError();  // e.g. no room for the cluster: fall back to one CTA per sequence
+    }
+#endif
+    a.cluster = 1;
+    launch_kernel(kernel, batch, kLogitsThreads, s, a);
 }
 
 template <typename TT>
 int launch_typed(int mode, const VerifyArgs& a, int batch, cudaStream_t s) {
     switch (mode) {
         case TRTSPEC_VERIFY_GREEDY_LOGITS:
-            launch_kernel(tree_verify_kernel<TT, TRTSPEC_VERIFY_GREEDY_LOGITS, kLogitsThreads>, batch,
-                          kLogitsThreads, s, a);
+            launch_clustered(tree_verify_kernel<TT, TRTSPEC_VERIFY_GREEDY_LOGITS, kLogitsThreads>, a, batch, s);
             break;
         case TRTSPEC_VERIFY_SAMPLE_LOGITS:
-            launch_kernel(tree_verify_kernel<TT, TRTSPEC_VERIFY_SAMPLE_LOGITS, kLogitsThreads>, batch,
-                          kLogitsThreads, s, a);
+            launch_clustered(tree_verify_kernel<TT, TRTSPEC_VERIFY_SAMPLE_LOGITS, kLogitsThreads>, a, batch, s);
             break;
         default:
-            launch_kernel(tree_verify_kernel<TT, TRTSPEC_VERIFY_SAMPLE_PROBS, kLogitsThreads>, batch,
-                          kLogitsThreads, s, a);
+            launch_clustered(tree_verify_kernel<TT, TRTSPEC_VERIFY_SAMPLE_PROBS, kLogitsThreads>, a, batch, s);
             break;
     }
     return launch_status();
@@ -657,6 +813,7 @@ extern "C" int trtspec_tree_verify(int mode, const int32_t* paths, int32_t num_p
     a.temperature = temperature;
     a.seed = seed;
     a.seed_len = seed_len;
+    a.cluster = 1;
     a.accepted_len = accepted_len;
     a.out_tokens = out_tokens;
     a.best_path = best_path;
