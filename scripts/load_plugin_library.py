@@ -26,11 +26,15 @@ def main() -> int:
     ap.add_argument("library", nargs="?", help="libtrtspec_plugins.so [default: the trtspec build location]")
     args = ap.parse_args()
     try:
-        import tensorrt as trt
+        import tensorrt as trt  # noqa: PLC0415 - only where TensorRT is installed
     except ImportError:
         print("error: the TensorRT Python package is not installed (run this where TensorRT 10 is)", file=sys.stderr)
         return 2
-    from trtspec.kernels.trt_network import PLUGIN_NAMESPACE, PLUGIN_VERSION, plugin_library_path
+    from trtspec.kernels.trt_network import (
+        PLUGIN_NAMESPACE,
+        PLUGIN_VERSION,
+        plugin_library_path,
+    )
 
     lib = plugin_library_path(args.library).resolve()
     if not lib.is_file():

@@ -7,11 +7,15 @@ seed with no step term. They run on the GPU (marked gpu) and in the host emulati
 from __future__ import annotations
 
 import pytest
+import test_plugins_gpu as gpu
 import torch
-from test_plugins_gpu import DTYPES, _assert_same, _draft, _greedy_ids, _on, _tree, backend  # noqa: F401
 
 from trtspec.kernels import bindings, reference
 from trtspec.runtime.tree import build_tree
+
+backend = gpu.backend  # the same fixture: CUDA (marked gpu) and the host emulation
+DTYPES = gpu.DTYPES
+_assert_same, _draft, _greedy_ids, _on, _tree = gpu._assert_same, gpu._draft, gpu._greedy_ids, gpu._on, gpu._tree
 
 # ------------------------------------------------------------------------------------------ RMSNorm
 
@@ -91,7 +95,7 @@ def test_greedy_takes_the_first_of_siblings_sharing_a_token(backend, target_kind
 @pytest.mark.parametrize("kind", ["default", "random64"])
 def test_greedy_with_many_shared_sibling_tokens_matches_verify_py(backend, kind):
     tree = _tree(kind)
-    batch, vocab = (64, 6) if backend.full else (8, 6)
+    batch = 64 if backend.full else 8
     gen = torch.Generator().manual_seed(len(kind))
     draft = torch.randint(0, 3, (batch, tree.num_nodes), generator=gen)  # 3 tokens: siblings often share
     ids = torch.randint(0, 3, (batch, tree.num_nodes), generator=gen)
@@ -213,3 +217,36 @@ def test_sampling_step_counter_gives_fresh_draws_that_match_the_reference(backen
     again = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), probs), mode="sampling",
                                  target_kind="probs", seed=seed_tensor, lib=backend.lib)
     assert torch.equal(again.tokens.cpu(), outs[5])
+
+
+# ------------------------------------------------------------------------------------------ clusters
+
+
+@pytest.mark.parametrize("cluster", ["1", "2", "8"])
+@pytest.mark.parametrize("vocab", [1, 13, 4099, 128256, 600_000])
+def test_clustered_verify_matches_the_reference(backend, monkeypatch, cluster, vocab):
+    """sm_90+: each sequence's rows split over a cluster of CTAs (TRTSPEC_VERIFY_CLUSTER forces the size;
+    slices may be empty for tiny vocabularies); every mode must still equal verify.py."""
+    if not backend.full:
+        pytest.skip("thread block clusters need the GPU")
+    monkeypatch.setenv("TRTSPEC_VERIFY_CLUSTER", cluster)
+    tree = _tree("random64")
+    batch = 3 if vocab > 200_000 else 16
+    gen = torch.Generator().manual_seed(vocab)
+    draft = _draft(tree, batch, vocab, gen)
+    ids = _greedy_ids(tree, draft, vocab, gen, accept=0.8)
+    logits = torch.randn(batch, tree.num_nodes, vocab, generator=gen) * 2
+    logits.scatter_add_(-1, ids[..., None], torch.full(ids.shape + (1,), 7.0))
+    logits = logits.half()
+    paths, d, t = _on(backend, tree.paths.int(), draft.int(), logits)
+    got = bindings.tree_verify(paths, d, t, target_kind="logits", lib=backend.lib)
+    _assert_same(got, reference.tree_verify_reference(tree, draft, logits, target_kind="logits"))
+    for seed in (3, 4):
+        got = bindings.tree_verify(paths, d, t, mode="sampling", target_kind="logits", temperature=0.9, seed=seed,
+                                   step=seed, lib=backend.lib)
+        _assert_same(got, reference.tree_verify_reference(tree, draft, logits, "sampling", "logits", 0.9, seed=seed,
+                                                          step=seed))
+    probs = torch.softmax(logits.float(), -1)
+    got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), probs), mode="sampling",
+                               target_kind="probs", seed=8, lib=backend.lib)
+    _assert_same(got, reference.tree_verify_reference(tree, draft, probs, "sampling", "probs", seed=8))

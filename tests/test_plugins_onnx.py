@@ -112,7 +112,7 @@ def test_cli_export_onnx(demo_paths, tmp_path):
     assert res.exit_code == 0, res.output
     model = onnx.load(str(out))
     onnx.checker.check_model(model)
-    verify = [n for n in model.graph.node if n.op_type == trt_network.TREE_VERIFY][0]
+    verify = next(n for n in model.graph.node if n.op_type == trt_network.TREE_VERIFY)
     assert _attrs(verify)["mode"] == 1 and list(verify.input)[3:] == ["temperature", "seed"]
     assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
 

@@ -31,8 +31,15 @@ import numpy as np
 import torch
 
 from trtspec.checkpoint.errors import UsageError
-from trtspec.kernels.trt_network import (PLUGIN_NAMESPACE, PLUGIN_VERSION, RMSNORM_HEADS, RMSNORM_LAYOUTS,
-                                         TREE_VERIFY, VERIFY_MODES, VERIFY_TARGETS)
+from trtspec.kernels.trt_network import (
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+    RMSNORM_HEADS,
+    RMSNORM_LAYOUTS,
+    TREE_VERIFY,
+    VERIFY_MODES,
+    VERIFY_TARGETS,
+)
 
 #: The custom-op domain of the plugin nodes (the parser keys on op_type + plugin_version/namespace).
 PLUGIN_DOMAIN = "trtspec"
@@ -159,7 +166,7 @@ def _greedy_verify_expanded(g: _Graph, paths: np.ndarray, draft: str, target: st
     vectorised over the batch (trtspec.kernels.reference.tree_verify_greedy_batched, step for step)."""
     onnx = _onnx()
     i64 = onnx.TensorProto.INT64
-    p, width = paths.shape
+    width = paths.shape[1]
     paths = paths.astype(np.int64)
     arg = g.op("ArgMax", [target], "argmax", axis=-1, keepdims=0)                       # [B, N1] int64
     tok = g.op("Cast", [draft], "draft64", to=i64)

@@ -15,7 +15,12 @@ import torch
 from trtspec.kernels.bindings import TreeVerifyOutput, rmsnorm_out_shape
 from trtspec.models.llama import rms_norm
 from trtspec.runtime.tree import TreeBuffers
-from trtspec.runtime.verify import VerifyResult, process_logits, verify_greedy, verify_sampling
+from trtspec.runtime.verify import (
+    VerifyResult,
+    process_logits,
+    verify_greedy,
+    verify_sampling,
+)
 
 #: Stated tolerances of the RMSNorm kernel against rms_norm (atol, rtol), per dtype. The kernel's sum of
 #: squares runs in another order than torch's, so r may differ in the last fp32 bit; after rounding to
