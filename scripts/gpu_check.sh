@@ -63,7 +63,7 @@ TAIL=25 step gpu_tests 240 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider \
   tests/test_plugins_gpu.py tests/test_plugins_bugs.py
 
 # 3. benchmark: figures and the goals
-TAIL=60 step bench 180 "$PY" scripts/bench_kernels.py --lib "$TRTSPEC_KERNELS_LIB" --json "$LOG/bench.json"
+TAIL=8 step bench 180 "$PY" scripts/bench_kernels.py --lib "$TRTSPEC_KERNELS_LIB" --json "$LOG/bench.json"
 
 # 4-5. compute-sanitizer on a subset that reaches every kernel path (warp/block/scalar rmsnorm, head groups,
 # verify on ids, logits, probabilities, multi-tile vocabularies, clusters of 1, 2 and 8)
@@ -93,6 +93,8 @@ else
   echo "== sanitizers: compute-sanitizer not found"; FAILED+=("sanitizers(missing)")
 fi
 
+echo "== figures (scripts/bench_kernels.py, also $LOG/bench.json)"
+grep -v "^Traceback\|^  File" "$LOG/bench.log" 2>/dev/null | tail -n 50 | sed 's/^/   /'
 echo "== summary"
 if [ "${#FAILED[@]}" -eq 0 ]; then
   echo "   all steps passed; logs in $LOG"
