@@ -94,8 +94,9 @@ def test_trt_wrappers_compile_and_link_against_tensorrt_headers(built):
     no libnvinfer (--no-undefined), carrying the kernels for every architecture."""
     assert built.plugins_lib is not None and built.plugins_lib.is_file(), built.trt_status
     assert "building libtrtspec_plugins.so against the headers" in built.trt_status
-    log = built.log.read_text()
-    assert "trt/tree_verify_plugin.cpp" in log and "--version-script" in log and "--no-undefined" in log
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(built.plugins_lib)], capture_output=True, text=True,
+                              check=True).stdout
+    assert " T getCreators" in exported and " T setLoggerFinder" in exported  # the loader's entry points
     data = built.plugins_lib.read_bytes()
     for arch in ("80", "90", "100"):
         assert f".target sm_{arch}".encode() in data, f"no PTX for sm_{arch} in the plugin library"
@@ -191,18 +192,20 @@ def test_invalid_arguments_rejected_before_any_launch(lib):
     assert rms(fake, fake, fake, 4, 8, 2, 1e-6, 0, 5, None) == bindings.STATUS_INVALID      # bad layout
     assert rms(None, None, None, 0, 8, 2, 1e-6, 0, 0, None) == bindings.STATUS_OK           # nothing to do
     args = dict(mode=0, paths=fake, num_paths=1, path_len=2, draft=fake, batch=3, nodes=2, ids=fake, target=None,
-                dtype=0, vocab=0, temp=None, seed=None)
+                dtype=0, vocab=0, temp=None, seed=None, seed_len=0)
 
     def call(**kw):
         a = {**args, **kw}
         return tv(a["mode"], a["paths"], a["num_paths"], a["path_len"], a["draft"], a["batch"], a["nodes"],
-                  a["ids"], a["target"], a["dtype"], a["vocab"], a["temp"], a["seed"], fake, fake, fake, fake, None)
+                  a["ids"], a["target"], a["dtype"], a["vocab"], a["temp"], a["seed"], a["seed_len"], fake, fake, fake,
+                  fake, None)
 
     assert call(mode=9) == bindings.STATUS_INVALID
     assert call(path_len=3) == bindings.STATUS_INVALID                    # deeper than the tree has nodes
     assert call(ids=None) == bindings.STATUS_INVALID                      # greedy ids without ids
     assert call(mode=1, target=None, vocab=10) == bindings.STATUS_INVALID
     assert call(mode=2, target=fake, vocab=10, seed=None) == bindings.STATUS_INVALID  # sampling needs a seed
+    assert call(mode=2, target=fake, vocab=10, seed=fake, seed_len=3) == bindings.STATUS_INVALID  # (seed, step) at most
     assert call(nodes=2000, path_len=2) == bindings.STATUS_UNSUPPORTED   # > TRTSPEC_MAX_TREE_NODES
     assert call(batch=0) == bindings.STATUS_OK
 
