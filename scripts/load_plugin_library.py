@@ -40,8 +40,7 @@ def main() -> int:
     if not lib.is_file():
         print(f"error: {lib}: plugin library not found (build it with `trtspec plugins build`)", file=sys.stderr)
         return 2
-    logger = trt.Logger(trt.Logger.WARNING)
-    trt.init_libnvinfer_plugins(logger, "")
+    trt.Logger(trt.Logger.WARNING)  # TensorRT's global logger: what the library's errors go to
     registry = trt.get_plugin_registry()
     handle = registry.load_library(str(lib))
     if handle is None:
