@@ -40,7 +40,6 @@ def main() -> int:
     if not lib.is_file():
         print(f"error: {lib}: plugin library not found (build it with `trtspec plugins build`)", file=sys.stderr)
         return 2
-    trt.Logger(trt.Logger.WARNING)  # TensorRT's global logger: what the library's errors go to
     registry = trt.get_plugin_registry()
     handle = registry.load_library(str(lib))
     if handle is None:
