@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU check of the CUDA kernels, in one go (about 5 minutes on an H200; the step limits add up to 9.5 min
-# with a fresh build, 5.5 min of tests, benchmark and sanitizers after it):
+# The GPU check of the CUDA kernels, in one go (expected about 5 minutes on an H200; each step has a time limit:
+# build 240 s (a carried build/gpu_check of the same sources is reused in seconds), tests 200, benchmark 150,
+# memcheck 100, racecheck 100):
 #   1. build libtrtspec_kernels.so for this GPU with nvcc (or reuse a carried build/gpu_check of the same
 #      sources), 2. the GPU tests (pytest -m gpu), 3. scripts/bench_kernels.py (figures + goals),
 #   4. compute-sanitizer memcheck and 5. racecheck on a subset of the kernel tests.
