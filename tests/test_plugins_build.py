@@ -4,7 +4,6 @@ trtspec/runtime/verify.py. The library is built once per session into a temporar
 
 from __future__ import annotations
 
-import os
 import random
 import re
 import shutil
@@ -28,11 +27,18 @@ HAVE_TOOLCHAIN = shutil.which("cmake") is not None and any(
 needs_toolchain = pytest.mark.skipif(not HAVE_TOOLCHAIN, reason="nvcc and cmake are needed to compile the kernels")
 
 
+TRT_INCLUDE = build.default_trt_include()
+needs_trt_headers = pytest.mark.skipif(
+    TRT_INCLUDE is None, reason=f"TensorRT headers not found (set TRTSPEC_TRT_INCLUDE, or put them at "
+                                f"<repo>/{build.SHARED_TRT_INCLUDE})")
+
+
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> build.BuildResult:
+    """Kernels for every default architecture, and the plugin library where TensorRT's headers are."""
     if not HAVE_TOOLCHAIN:
         pytest.skip("nvcc and cmake are needed to compile the kernels")
-    return build.build_plugins(tmp_path_factory.mktemp("plugins"), archs=build.DEFAULT_ARCHS)
+    return build.build_plugins(tmp_path_factory.mktemp("plugins"), archs=build.DEFAULT_ARCHS, trt_include=TRT_INCLUDE)
 
 
 @pytest.fixture(scope="session")
@@ -82,18 +88,20 @@ def test_failed_build_keeps_previous_library(built, tmp_path):
 
 
 @needs_toolchain
-@pytest.mark.skipif(not os.environ.get("TRTSPEC_TRT_INCLUDE"),
-                    reason="set TRTSPEC_TRT_INCLUDE to a directory with TensorRT's NvInfer.h to compile the wrappers")
-def test_trt_wrappers_compile_against_tensorrt_headers(tmp_path):
-    res = build.build_plugins(tmp_path, archs="90", trt_include=os.environ["TRTSPEC_TRT_INCLUDE"],
-                              trt_lib=os.environ.get("TRTSPEC_TRT_LIB") or None)
-    if res.plugins_lib is None:  # headers only: the wrappers were compiled (with -Werror) as a check
-        assert "compiling the plugin sources as a check" in res.trt_status
-        assert "trt/tree_verify_plugin.cpp" in (tmp_path / "build.log").read_text()
-    else:
-        out = subprocess.run(["nm", "-D", "--defined-only", str(res.plugins_lib)], capture_output=True,
-                             text=True).stdout
-        assert " getCreators" in out and " trtspec_tree_verify" in out
+@needs_trt_headers
+def test_trt_wrappers_compile_and_link_against_tensorrt_headers(built):
+    """The plugin wrappers compile with -Werror against TensorRT's headers and link into a library with
+    no libnvinfer (--no-undefined), carrying the kernels for every architecture."""
+    assert built.plugins_lib is not None and built.plugins_lib.is_file(), built.trt_status
+    assert "building libtrtspec_plugins.so against the headers" in built.trt_status
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(built.plugins_lib)], capture_output=True, text=True,
+                              check=True).stdout
+    assert " T getCreators" in exported and " T setLoggerFinder" in exported  # the loader's entry points
+    data = built.plugins_lib.read_bytes()
+    for arch in ("80", "90", "100"):
+        assert f".target sm_{arch}".encode() in data, f"no PTX for sm_{arch} in the plugin library"
+    needed = subprocess.run(["readelf", "-d", str(built.plugins_lib)], capture_output=True, text=True).stdout
+    assert "libnvinfer" not in needed
 
 
 def test_arch_list_parsing():
@@ -184,18 +192,20 @@ def test_invalid_arguments_rejected_before_any_launch(lib):
     assert rms(fake, fake, fake, 4, 8, 2, 1e-6, 0, 5, None) == bindings.STATUS_INVALID      # bad layout
     assert rms(None, None, None, 0, 8, 2, 1e-6, 0, 0, None) == bindings.STATUS_OK           # nothing to do
     args = dict(mode=0, paths=fake, num_paths=1, path_len=2, draft=fake, batch=3, nodes=2, ids=fake, target=None,
-                dtype=0, vocab=0, temp=None, seed=None)
+                dtype=0, vocab=0, temp=None, seed=None, seed_len=0)
 
     def call(**kw):
         a = {**args, **kw}
         return tv(a["mode"], a["paths"], a["num_paths"], a["path_len"], a["draft"], a["batch"], a["nodes"],
-                  a["ids"], a["target"], a["dtype"], a["vocab"], a["temp"], a["seed"], fake, fake, fake, fake, None)
+                  a["ids"], a["target"], a["dtype"], a["vocab"], a["temp"], a["seed"], a["seed_len"], fake, fake, fake,
+                  fake, None)
 
     assert call(mode=9) == bindings.STATUS_INVALID
     assert call(path_len=3) == bindings.STATUS_INVALID                    # deeper than the tree has nodes
     assert call(ids=None) == bindings.STATUS_INVALID                      # greedy ids without ids
     assert call(mode=1, target=None, vocab=10) == bindings.STATUS_INVALID
     assert call(mode=2, target=fake, vocab=10, seed=None) == bindings.STATUS_INVALID  # sampling needs a seed
+    assert call(mode=2, target=fake, vocab=10, seed=fake, seed_len=3) == bindings.STATUS_INVALID  # (seed, step) at most
     assert call(nodes=2000, path_len=2) == bindings.STATUS_UNSUPPORTED   # > TRTSPEC_MAX_TREE_NODES
     assert call(batch=0) == bindings.STATUS_OK
 

@@ -96,6 +96,20 @@ def test_rmsnorm_heads_unaligned_and_batched_inputs(backend, dtype):
     torch.testing.assert_close(got[:, :, 1], rms_norm(x3, w[1, :64], 1e-5), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("tokens,hidden", [(300, 64), (40, 4096), (40, 100), (7, 4096)])
+def test_rmsnorm_heads_with_and_without_head_groups(backend, tokens, hidden):
+    """Enough tokens to fill the (emulated or real) GPU: all K heads in one block; few: heads split over
+    grid y. Both launch shapes of every path must give the same numbers."""
+    gen = torch.Generator().manual_seed(tokens + hidden)
+    x = torch.randn(tokens, hidden, generator=gen).half().to(backend.device)
+    w = (torch.rand(5, hidden, generator=gen) + 0.5).half().to(backend.device)
+    atol, rtol = reference.RMSNORM_TOLERANCE[torch.float16]
+    for layout in ("head-major", "token-major"):
+        got = bindings.rmsnorm_heads(x, w, 1e-6, layout=layout, lib=backend.lib)
+        torch.testing.assert_close(got.cpu(), reference.rmsnorm_heads_reference(x.cpu(), w.cpu(), 1e-6, layout),
+                                   atol=atol, rtol=rtol)
+
+
 def test_rmsnorm_heads_fp32_is_nearly_exact(backend):
     x = torch.randn(64 if backend.full else 4, 4096, device=backend.device)
     w = torch.randn(4, 4096, device=backend.device)

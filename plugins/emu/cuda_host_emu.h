@@ -106,12 +106,16 @@ uint64_t warp_exchange(uint64_t mine, int src);
 unsigned int warp_ballot(bool pred);
 
 template <typename K, typename... Args>
-void launch(K kernel, int grid, int block, Args... args) {
-    g_grid_dim.x = static_cast<unsigned int>(grid);
+void launch(K kernel, int grid_x, int grid_y, int block, Args... args) {
+    g_grid_dim.x = static_cast<unsigned int>(grid_x);
+    g_grid_dim.y = static_cast<unsigned int>(grid_y);
     g_block_dim.x = static_cast<unsigned int>(block);
-    for (int b = 0; b < grid; ++b) {
-        g_block_idx.x = static_cast<unsigned int>(b);
-        run_block(block, [&] { kernel(args...); });
+    for (int y = 0; y < grid_y; ++y) {
+        for (int b = 0; b < grid_x; ++b) {
+            g_block_idx.x = static_cast<unsigned int>(b);
+            g_block_idx.y = static_cast<unsigned int>(y);
+            run_block(block, [&] { kernel(args...); });
+        }
     }
 }
 

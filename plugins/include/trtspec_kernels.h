@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature or a semantic below changes; bindings refuse a library with another one. */
-#define TRTSPEC_KERNELS_ABI_VERSION 1
+#define TRTSPEC_KERNELS_ABI_VERSION 2
 
 /* Largest draft tree (nodes including the root) tree_verify handles; it keeps the tree in shared memory. */
 #define TRTSPEC_MAX_TREE_NODES 1024
@@ -93,12 +93,15 @@ TRTSPEC_API int trtspec_rmsnorm_heads_layout(const void* x, const void* weight, 
  * rejection-sampling walk with the splitmix64 counter uniforms and the inverse-CDF bonus draw).
  *
  * paths        int32 [P, L] root-to-leaf node indices, root first, padded with -1 (TreeBuffers.paths);
- *              L = max depth + 1. Nodes are numbered as trtspec/runtime/tree.py does (0 = root).
+ *              L = max depth + 1. Nodes are numbered as trtspec/tree.py does (0 = root).
  * draft_tokens int32 [B, N1] the token of each node (index 0 = the root token), N1 = nodes incl. root
  * target_ids   int32 [B, N1] (GREEDY_IDS only, else NULL): the target's argmax after each node
  * target       [B, N1, V] logits or probabilities in target_dtype (other modes, else NULL)
  * temperature  float [B] (SAMPLE_LOGITS; NULL means 1.0)
- * seed         int64 [1] (sampling modes): the counter_uniform seed; uniforms use the batch row index
+ * seed         int64 [seed_len] (sampling modes): seed_len 1 = (seed), 2 = (seed, step). The uniforms are
+ *              counter_uniform(key, b, node, slot) of verify.py with key = seed + step * 0x9E3779B97F4A7C15
+ *              (mod 2^64: the step-th state of the splitmix64 sequence started at seed), so one seed with a
+ *              step counter never repeats draws across steps; step 0 (or seed_len 1) is key = seed.
  *
  * Outputs (all int32):
  * accepted_len [B]     accepted draft tokens (0..L-1)
@@ -110,7 +113,8 @@ TRTSPEC_API int trtspec_rmsnorm_heads_layout(const void* x, const void* weight, 
 TRTSPEC_API int trtspec_tree_verify(int mode, const int32_t* paths, int32_t num_paths, int32_t path_len,
                                     const int32_t* draft_tokens, int32_t batch, int32_t num_nodes,
                                     const int32_t* target_ids, const void* target, int target_dtype, int32_t vocab,
-                                    const float* temperature, const int64_t* seed, int32_t* accepted_len,
+                                    const float* temperature, const int64_t* seed, int32_t seed_len,
+                                    int32_t* accepted_len,
                                     int32_t* out_tokens, int32_t* best_path, int32_t* keep_nodes, void* stream);
 
 #ifdef __cplusplus

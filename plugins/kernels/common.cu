@@ -8,6 +8,26 @@ thread_local const char* g_last_cuda_error = "no error";
 
 void set_last_cuda_error(cudaError_t err) { g_last_cuda_error = cudaGetErrorString(err); }
 
+DeviceInfo device_info() {
+#ifdef TRTSPEC_HOST_EMULATION
+    return DeviceInfo{1, 0};
+#else
+    constexpr int kMaxDevices = 64;
+    static DeviceInfo cache[kMaxDevices] = {};  // sms == 0: not asked yet (benign race: same answer)
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return DeviceInfo{1, 0};
+    if (cache[dev].sms == 0) {
+        int sms = 0, major = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || sms <= 0) {
+            return DeviceInfo{1, 0};
+        }
+        cache[dev] = DeviceInfo{sms, major};
+    }
+    return cache[dev];
+#endif
+}
+
 }  // namespace trtspec
 
 extern "C" {

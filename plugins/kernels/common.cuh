@@ -33,12 +33,34 @@ inline int launch_status() {
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), int grid, int block, cudaStream_t stream, Args&&... args) {
 #ifdef TRTSPEC_HOST_EMULATION
-    trtspec_emu::launch(kernel, grid, block, static_cast<Params>(args)...);
+    trtspec_emu::launch(kernel, grid, 1, block, static_cast<Params>(args)...);
     (void)stream;
 #else
     kernel<<<grid, block, 0, stream>>>(static_cast<Params>(args)...);
 #endif
 }
+
+// The same with a 2-D grid (grid_x, grid_y).
+template <typename... Params, typename... Args>
+void launch_kernel_2d(void (*kernel)(Params...), int grid_x, int grid_y, int block, cudaStream_t stream,
+                      Args&&... args) {
+#ifdef TRTSPEC_HOST_EMULATION
+    trtspec_emu::launch(kernel, grid_x, grid_y, block, static_cast<Params>(args)...);
+    (void)stream;
+#else
+    kernel<<<dim3(static_cast<unsigned>(grid_x), static_cast<unsigned>(grid_y)), block, 0, stream>>>(
+        static_cast<Params>(args)...);
+#endif
+}
+
+// The current device's SM count and compute capability (cached per device; launch-shape heuristics).
+// Where no device answers (no driver, or the host emulation) {sms = 1, major = 0}: the launch itself then
+// reports any CUDA error.
+struct DeviceInfo {
+    int sms;
+    int major;
+};
+DeviceInfo device_info();
 
 template <typename T>
 __device__ __forceinline__ float to_float(T v);

@@ -9,6 +9,8 @@
 //   H/vec <= 256    one warp per token, 4 tokens per block, warp-shuffle reduction only
 //   H/vec <= 4096   one block (<= 512 threads) per token, the row in registers (128-bit loads), block reduction
 //   otherwise, or H / strides / pointers not 16-byte friendly: a scalar block-per-token path.
+// Grid y splits the heads into groups when the token blocks alone would not fill two waves of the GPU
+// (decode sizes), and small grids use fewer vectors per thread (more threads per row).
 #include "common.cuh"
 
 namespace trtspec {
@@ -26,6 +28,7 @@ struct RmsArgs {
     int32_t hidden;
     int32_t heads;
     float eps;
+    int32_t heads_per_block;  // blockIdx.y handles heads [y * heads_per_block, (y + 1) * heads_per_block)
 };
 
 constexpr int kWarpRowsPerBlock = 4;
@@ -100,7 +103,9 @@ __global__ void __launch_bounds__(kWarpPerRow ? 32 * kWarpRowsPerBlock : kMaxBlo
 
     const T* __restrict__ w = static_cast<const T*>(a.w);
     T* __restrict__ out = static_cast<T*>(a.out) + static_cast<int64_t>(row) * a.out_token_stride;
-    for (int k = 0; k < a.heads; ++k) {
+    const int k0 = static_cast<int>(blockIdx.y) * a.heads_per_block;
+    const int k1 = min(a.heads, k0 + a.heads_per_block);
+    for (int k = k0; k < k1; ++k) {
         const T* __restrict__ wk = w + static_cast<int64_t>(k) * a.w_head_stride;
         T* __restrict__ ok = out + static_cast<int64_t>(k) * a.out_head_stride;
 #pragma unroll
@@ -131,9 +136,11 @@ __global__ void __launch_bounds__(kScalarThreads) rmsnorm_heads_scalar_kernel(Rm
     const float r = inv_rms(sum_sq, a.hidden, a.eps);
     const T* w = static_cast<const T*>(a.w);
     T* out = static_cast<T*>(a.out) + static_cast<int64_t>(row) * a.out_token_stride;
+    const int k0 = static_cast<int>(blockIdx.y) * a.heads_per_block;
+    const int k1 = min(a.heads, k0 + a.heads_per_block);
     for (int h = threadIdx.x; h < a.hidden; h += blockDim.x) {
         const float n = to_float(from_float<T>(to_float(x[h]) * r));
-        for (int k = 0; k < a.heads; ++k) {
+        for (int k = k0; k < k1; ++k) {
             const float wv = to_float(w[static_cast<int64_t>(k) * a.w_head_stride + h]);
             out[static_cast<int64_t>(k) * a.out_head_stride + h] = from_float<T>(wv * n);
         }
@@ -141,26 +148,46 @@ __global__ void __launch_bounds__(kScalarThreads) rmsnorm_heads_scalar_kernel(Rm
 }
 
 template <typename T, bool kWarpPerRow>
-void launch_vec(int vpt, const RmsArgs& a, int threads, cudaStream_t s) {
-    const int grid = kWarpPerRow ? (a.tokens + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock : a.tokens;
+void launch_vec(int vpt, const RmsArgs& a, int grid_x, int grid_y, int threads, cudaStream_t s) {
     switch (vpt) {
         case 1:
-            launch_kernel(rmsnorm_heads_vec_kernel<T, 1, kWarpPerRow>, grid, threads, s, a);
+            launch_kernel_2d(rmsnorm_heads_vec_kernel<T, 1, kWarpPerRow>, grid_x, grid_y, threads, s, a);
             break;
         case 2:
-            launch_kernel(rmsnorm_heads_vec_kernel<T, 2, kWarpPerRow>, grid, threads, s, a);
+            launch_kernel_2d(rmsnorm_heads_vec_kernel<T, 2, kWarpPerRow>, grid_x, grid_y, threads, s, a);
             break;
         case 4:
-            launch_kernel(rmsnorm_heads_vec_kernel<T, 4, kWarpPerRow>, grid, threads, s, a);
+            launch_kernel_2d(rmsnorm_heads_vec_kernel<T, 4, kWarpPerRow>, grid_x, grid_y, threads, s, a);
             break;
         default:
-            launch_kernel(rmsnorm_heads_vec_kernel<T, 8, kWarpPerRow>, grid, threads, s, a);
+            launch_kernel_2d(rmsnorm_heads_vec_kernel<T, 8, kWarpPerRow>, grid_x, grid_y, threads, s, a);
             break;
     }
 }
 
+// Head groups (grid y): when the token blocks alone fill fewer than two waves of the GPU, the heads are
+// split over more blocks (each recomputes its row's sum of squares, a second read that hits L2), so decode
+// sizes (T = 64) run on most SMs instead of a few with the heads serialised.
+int head_groups(int row_blocks, int threads, int heads) {
+    const int resident = device_info().sms * max(1, 2048 / max(threads, 32));
+    const int target = 2 * resident;
+    if (row_blocks >= target || heads <= 1) return 1;
+    return min(heads, (target + row_blocks - 1) / row_blocks);
+}
+
+// Smallest vectors-per-thread (more threads per row, more loads in flight per SM) that fits the block.
+int block_vpt(int nvec, bool small_grid) {
+    if (small_grid) {
+        for (int vpt : {1, 2, 4}) {
+            if (nvec <= kMaxBlockThreads * vpt) return vpt;
+        }
+        return 8;
+    }
+    return nvec <= kMaxBlockThreads * 4 ? 4 : 8;
+}
+
 template <typename T>
-int launch(const RmsArgs& a, cudaStream_t s) {
+int launch(RmsArgs a, cudaStream_t s) {
     constexpr int N = Vec16<T>::kSize;
     const bool vec_ok = a.hidden % N == 0 && a.x_row_stride % N == 0 && a.w_head_stride % N == 0 &&
                         a.out_head_stride % N == 0 && a.out_token_stride % N == 0 && aligned16(a.x) &&
@@ -168,13 +195,23 @@ int launch(const RmsArgs& a, cudaStream_t s) {
     const int nvec = a.hidden / N;
     if (vec_ok && nvec <= 32 * 8) {
         const int vpt = nvec <= 32 ? 1 : nvec <= 64 ? 2 : nvec <= 128 ? 4 : 8;
-        launch_vec<T, true>(vpt, a, 32 * kWarpRowsPerBlock, s);
+        const int threads = 32 * kWarpRowsPerBlock;
+        const int grid_x = (a.tokens + kWarpRowsPerBlock - 1) / kWarpRowsPerBlock;
+        const int groups = head_groups(grid_x, threads, a.heads);
+        a.heads_per_block = (a.heads + groups - 1) / groups;
+        launch_vec<T, true>(vpt, a, grid_x, (a.heads + a.heads_per_block - 1) / a.heads_per_block, threads, s);
     } else if (vec_ok && nvec <= kMaxBlockThreads * 8) {
-        const int vpt = nvec <= kMaxBlockThreads * 4 ? 4 : 8;
+        const bool small_grid = a.tokens < 2 * device_info().sms * 4;
+        const int vpt = block_vpt(nvec, small_grid);
         const int threads = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
-        launch_vec<T, false>(vpt, a, threads, s);
+        const int groups = head_groups(a.tokens, threads, a.heads);
+        a.heads_per_block = (a.heads + groups - 1) / groups;
+        launch_vec<T, false>(vpt, a, a.tokens, (a.heads + a.heads_per_block - 1) / a.heads_per_block, threads, s);
     } else {
-        launch_kernel(rmsnorm_heads_scalar_kernel<T>, a.tokens, kScalarThreads, s, a);
+        const int groups = head_groups(a.tokens, kScalarThreads, a.heads);
+        a.heads_per_block = (a.heads + groups - 1) / groups;
+        launch_kernel_2d(rmsnorm_heads_scalar_kernel<T>, a.tokens, (a.heads + a.heads_per_block - 1) / a.heads_per_block,
+                         kScalarThreads, s, a);
     }
     return launch_status();
 }
@@ -194,7 +231,7 @@ extern "C" int trtspec_rmsnorm_heads(const void* x, int64_t x_row_stride, const 
     if (num_tokens == 0 || num_heads == 0) return TRTSPEC_OK;
     if (x == nullptr || weight == nullptr || out == nullptr) return TRTSPEC_ERR_INVALID_ARGUMENT;
     const RmsArgs a{x, x_row_stride, weight, weight_head_stride, out, out_head_stride, out_token_stride,
-                    num_tokens, hidden, num_heads, eps};
+                    num_tokens, hidden, num_heads, eps, num_heads};
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (dtype) {
         case TRTSPEC_FLOAT32:

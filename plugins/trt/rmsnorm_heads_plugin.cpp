@@ -1,5 +1,6 @@
 #include "rmsnorm_heads_plugin.h"
 
+#include <cstdio>
 #include <new>
 
 namespace trtspec {
@@ -10,6 +11,26 @@ using namespace nvinfer1;
 namespace {
 constexpr int32_t kInHidden = 0;
 constexpr int32_t kInWeights = 1;
+
+// hidden [..., H] and weights [K, H] of one activation type; extents < 0 (dynamic) are checked later.
+bool checkInputs(Dims const& x, DataType xType, Dims const& w, DataType wType) noexcept {
+    char msg[256];
+    if (x.nbDims < 1 || x.nbDims >= Dims::MAX_DIMS || w.nbDims != 2) {
+        std::snprintf(msg, sizeof(msg), "hidden must have rank 1..7 and weights must be [K, H]; got ranks %d and %d",
+                      x.nbDims, w.nbDims);
+    } else if (!isActivationType(xType) || wType != xType) {
+        std::snprintf(msg, sizeof(msg), "hidden and weights must share one type: float32, float16 or bfloat16");
+    } else if (x.d[x.nbDims - 1] >= 0 && w.d[1] >= 0 && x.d[x.nbDims - 1] != w.d[1]) {
+        std::snprintf(msg, sizeof(msg), "hidden size of the input (%lld) and of the weights (%lld) differ",
+                      static_cast<long long>(x.d[x.nbDims - 1]), static_cast<long long>(w.d[1]));
+    } else if (x.d[x.nbDims - 1] == 0) {
+        std::snprintf(msg, sizeof(msg), "hidden size must be at least 1");
+    } else {
+        return true;
+    }
+    reportError(kRmsNormHeadsName, msg);
+    return false;
+}
 }  // namespace
 
 RmsNormHeadsPlugin::RmsNormHeadsPlugin(float eps, int32_t layout) noexcept : mEps(eps), mLayout(layout) {}
@@ -80,16 +101,12 @@ bool RmsNormHeadsPlugin::supportsFormatCombination(int32_t pos, DynamicPluginTen
 
 int32_t RmsNormHeadsPlugin::configurePlugin(DynamicPluginTensorDesc const* in, int32_t nbInputs,
                                             DynamicPluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept {
-    if (nbInputs != 2 || nbOutputs != 1) return -1;
-    Dims const& x = in[kInHidden].desc.dims;
-    Dims const& w = in[kInWeights].desc.dims;
-    if (w.nbDims != 2 || x.nbDims < 1) return -1;
-    const int64_t h = x.d[x.nbDims - 1];
-    if (h >= 0 && w.d[1] >= 0 && h != w.d[1]) {
-        reportError(kRmsNormHeadsName, "hidden size of the input and of the weights differ");
+    if (nbInputs != 2 || nbOutputs != 1) {
+        reportError(kRmsNormHeadsName, "takes 2 inputs (hidden, weights) and gives 1 output");
         return -1;
     }
-    return 0;
+    return checkInputs(in[kInHidden].desc.dims, in[kInHidden].desc.type, in[kInWeights].desc.dims,
+                       in[kInWeights].desc.type) ? 0 : -1;
 }
 
 size_t RmsNormHeadsPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inputs*/, int32_t /*nbInputs*/,
@@ -100,8 +117,11 @@ size_t RmsNormHeadsPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inp
 
 int32_t RmsNormHeadsPlugin::onShapeChange(PluginTensorDesc const* in, int32_t nbInputs,
                                           PluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept {
-    if (nbInputs != 2 || nbOutputs != 1) return -1;
-    return in[kInHidden].dims.d[in[kInHidden].dims.nbDims - 1] == in[kInWeights].dims.d[1] ? 0 : -1;
+    if (nbInputs != 2 || nbOutputs != 1) {
+        reportError(kRmsNormHeadsName, "takes 2 inputs (hidden, weights) and gives 1 output");
+        return -1;
+    }
+    return checkInputs(in[kInHidden].dims, in[kInHidden].type, in[kInWeights].dims, in[kInWeights].type) ? 0 : -1;
 }
 
 int32_t RmsNormHeadsPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
@@ -156,7 +176,7 @@ IPluginV3* RmsNormHeadsCreator::createPlugin(char const* /*name*/, PluginFieldCo
                                              TensorRTPhase /*phase*/) noexcept {
     float eps = 1e-6f;
     int32_t layout = TRTSPEC_LAYOUT_HEAD_MAJOR;
-    readFloatField(fc, "eps", eps);
+    readFloatField(fc, "eps", eps);  // float32/64 or float16/bfloat16 (ONNX attributes may arrive as either)
     readIntField(fc, "layout", layout);
     if (layout != TRTSPEC_LAYOUT_HEAD_MAJOR && layout != TRTSPEC_LAYOUT_TOKEN_MAJOR) {
         reportError(kRmsNormHeadsName, "field 'layout' must be 0 (head-major) or 1 (token-major)");

@@ -4,7 +4,8 @@
 //          1 weights [K, H]    same type (one RMSNorm weight per head)
 // Output   0 layout 0 (head-major):  [K, ..., H]   head k's slice is a contiguous [T, H] matrix
 //            layout 1 (token-major): [..., K, H]
-// Fields   eps (float32, default 1e-6), layout (int32, default 0)
+// Fields   eps (float32, default 1e-6; float64, float16 and bfloat16 fields are read too), layout (int32, default 0)
+// Shapes and types are checked in configurePlugin and onShapeChange: one error through TensorRT's logger.
 #pragma once
 
 #include <vector>

@@ -1,5 +1,8 @@
 #include "tree_verify_plugin.h"
 
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
 #include <new>
 
 namespace trtspec {
@@ -17,7 +20,71 @@ constexpr int32_t kModeSampling = 1;
 constexpr int32_t kTargetIds = 0;
 constexpr int32_t kTargetLogits = 1;
 constexpr int32_t kTargetProbs = 2;
+
+// Reports one formatted error through the TensorRT logger; returns false so checks read `return fail(...)`.
+__attribute__((format(printf, 1, 2))) bool fail(char const* fmt, ...) noexcept {
+    char msg[384];
+    va_list args;
+    va_start(args, fmt);
+    std::vsnprintf(msg, sizeof(msg), fmt, args);
+    va_end(args);
+    reportError(kTreeVerifyName, msg);
+    return false;
+}
+
+// a and b are the same extent, or one of them is not known yet (-1 at build time).
+bool sameExtent(int64_t a, int64_t b) noexcept { return a < 0 || b < 0 || a == b; }
 }  // namespace
+
+bool TreeVerifyPlugin::checkInputs(Dims const* dims, DataType const* types, int32_t nbInputs) const noexcept {
+    if (nbInputs != expectedInputs()) {
+        return fail("mode %d with target %d takes %d inputs, got %d", mMode, mTarget, expectedInputs(), nbInputs);
+    }
+    Dims const& paths = dims[kInPaths];
+    Dims const& draft = dims[kInDraft];
+    Dims const& target = dims[kInTarget];
+    const int32_t targetRank = mTarget == kTargetIds ? 2 : 3;
+    if (paths.nbDims != 2 || draft.nbDims != 2 || target.nbDims != targetRank) {
+        return fail("paths must be [P, L], draft_tokens [B, N1] and target %s; got ranks %d, %d, %d",
+                    mTarget == kTargetIds ? "[B, N1]" : "[B, N1, V]", paths.nbDims, draft.nbDims, target.nbDims);
+    }
+    if (types[kInPaths] != DataType::kINT32 || types[kInDraft] != DataType::kINT32) {
+        return fail("paths and draft_tokens must be int32");
+    }
+    if (mTarget == kTargetIds ? types[kInTarget] != DataType::kINT32 : !isActivationType(types[kInTarget])) {
+        return fail("target must be %s", mTarget == kTargetIds ? "int32 ids" : "float32, float16 or bfloat16");
+    }
+    const int64_t batch = draft.d[0], nodes = draft.d[1], numPaths = paths.d[0], pathLen = paths.d[1];
+    if (!sameExtent(batch, target.d[0]) || !sameExtent(nodes, target.d[1])) {
+        return fail("target is [%lld, %lld, ...] but draft_tokens is [%lld, %lld]: batch and node counts must match",
+                    static_cast<long long>(target.d[0]), static_cast<long long>(target.d[1]),
+                    static_cast<long long>(batch), static_cast<long long>(nodes));
+    }
+    if (nodes > TRTSPEC_MAX_TREE_NODES || nodes == 0) {
+        return fail("draft tree has %lld nodes; 1..%d are supported", static_cast<long long>(nodes),
+                    TRTSPEC_MAX_TREE_NODES);
+    }
+    if (numPaths == 0 || pathLen == 0 || !sameExtent(std::max(nodes, numPaths), nodes) ||
+        !sameExtent(std::max(nodes, pathLen), nodes)) {
+        return fail("paths [%lld, %lld] do not fit a tree of %lld nodes (need 1 <= P <= N1 and 1 <= L <= N1)",
+                    static_cast<long long>(numPaths), static_cast<long long>(pathLen), static_cast<long long>(nodes));
+    }
+    if (mTarget != kTargetIds && target.d[2] == 0) return fail("target has an empty vocabulary axis");
+    if (mMode == kModeSampling) {
+        if (mTarget == kTargetLogits) {
+            Dims const& temp = dims[3];
+            if (types[3] != DataType::kFLOAT || temp.nbDims != 1 || !sameExtent(temp.d[0], batch)) {
+                return fail("temperature must be float32 [B] with B = %lld", static_cast<long long>(batch));
+            }
+        }
+        Dims const& seed = dims[nbInputs - 1];
+        const int64_t n = volume(seed, 0, seed.nbDims);
+        if (types[nbInputs - 1] != DataType::kINT64 || seed.nbDims > 1 || n == 0 || n > 2) {
+            return fail("seed must be int64 [1] (seed) or [2] (seed, step)");
+        }
+    }
+    return true;
+}
 
 TreeVerifyPlugin::TreeVerifyPlugin(int32_t mode, int32_t target) noexcept : mMode(mode), mTarget(target) {}
 
@@ -104,9 +171,18 @@ bool TreeVerifyPlugin::supportsFormatCombination(int32_t pos, DynamicPluginTenso
     return d.type == DataType::kFLOAT;                             // temperature
 }
 
-int32_t TreeVerifyPlugin::configurePlugin(DynamicPluginTensorDesc const* /*in*/, int32_t nbInputs,
+int32_t TreeVerifyPlugin::configurePlugin(DynamicPluginTensorDesc const* in, int32_t nbInputs,
                                           DynamicPluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept {
-    return nbInputs == expectedInputs() && nbOutputs == kNbOutputs ? 0 : -1;
+    if (nbOutputs != kNbOutputs || nbInputs < 0 || nbInputs > kMaxInputs) {
+        return fail("expects %d outputs and at most %d inputs", kNbOutputs, kMaxInputs) ? 0 : -1;
+    }
+    Dims dims[kMaxInputs];
+    DataType types[kMaxInputs];
+    for (int32_t i = 0; i < nbInputs; ++i) {
+        dims[i] = in[i].desc.dims;  // -1 where the extent is dynamic: checked again in onShapeChange
+        types[i] = in[i].desc.type;
+    }
+    return checkInputs(dims, types, nbInputs) ? 0 : -1;
 }
 
 size_t TreeVerifyPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*inputs*/, int32_t /*nbInputs*/,
@@ -117,13 +193,16 @@ size_t TreeVerifyPlugin::getWorkspaceSize(DynamicPluginTensorDesc const* /*input
 
 int32_t TreeVerifyPlugin::onShapeChange(PluginTensorDesc const* in, int32_t nbInputs,
                                         PluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept {
-    if (nbInputs != expectedInputs() || nbOutputs != kNbOutputs) return -1;
-    const int64_t nodes = in[kInDraft].dims.d[1];
-    if (nodes > TRTSPEC_MAX_TREE_NODES) {
-        reportError(kTreeVerifyName, "draft tree has more nodes than TRTSPEC_MAX_TREE_NODES");
-        return -1;
+    if (nbOutputs != kNbOutputs || nbInputs < 0 || nbInputs > kMaxInputs) {
+        return fail("expects %d outputs and at most %d inputs", kNbOutputs, kMaxInputs) ? 0 : -1;
     }
-    return 0;
+    Dims dims[kMaxInputs];
+    DataType types[kMaxInputs];
+    for (int32_t i = 0; i < nbInputs; ++i) {
+        dims[i] = in[i].dims;
+        types[i] = in[i].type;
+    }
+    return checkInputs(dims, types, nbInputs) ? 0 : -1;
 }
 
 int32_t TreeVerifyPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTensorDesc const* /*outputDesc*/,
@@ -150,15 +229,17 @@ int32_t TreeVerifyPlugin::enqueue(PluginTensorDesc const* inputDesc, PluginTenso
     }
     float const* temperature = nullptr;
     int64_t const* seed = nullptr;
+    int32_t seedLen = 0;
     if (mMode == kModeSampling) {
         const int32_t nb = expectedInputs();
         seed = static_cast<int64_t const*>(inputs[nb - 1]);
+        seedLen = static_cast<int32_t>(volume(inputDesc[nb - 1].dims, 0, inputDesc[nb - 1].dims.nbDims));
         if (mTarget == kTargetLogits) temperature = static_cast<float const*>(inputs[3]);
     }
     const int status = trtspec_tree_verify(
         kernelMode(), static_cast<int32_t const*>(inputs[kInPaths]), static_cast<int32_t>(numPaths),
         static_cast<int32_t>(pathLen), static_cast<int32_t const*>(inputs[kInDraft]), static_cast<int32_t>(batch),
-        static_cast<int32_t>(nodes), targetIds, target, dtype, static_cast<int32_t>(vocab), temperature, seed,
+        static_cast<int32_t>(nodes), targetIds, target, dtype, static_cast<int32_t>(vocab), temperature, seed, seedLen,
         static_cast<int32_t*>(outputs[0]), static_cast<int32_t*>(outputs[1]), static_cast<int32_t*>(outputs[2]),
         static_cast<int32_t*>(outputs[3]), stream);
     if (status != TRTSPEC_OK) {

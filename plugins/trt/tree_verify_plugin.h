@@ -6,8 +6,13 @@
 // Inputs   0 paths        int32 [P, L]     TreeBuffers.paths (root first, -1 padded), L = max depth + 1
 //          1 draft_tokens int32 [B, N1]    token of each tree node, index 0 = root
 //          2 target       int32 [B, N1] (ids) or float32/float16/bfloat16 [B, N1, V] (logits/probs)
-//          mode 1, target 1: 3 temperature float32 [B], 4 seed int64 [1]
-//          mode 1, target 2: 3 seed int64 [1]
+//          mode 1, target 1: 3 temperature float32 [B], 4 seed int64 [1] or [2]
+//          mode 1, target 2: 3 seed int64 [1] or [2]
+//          seed [2] = (seed, step): step s draws with the key seed + s * 0x9E3779B97F4A7C15 (the s-th state
+//          of the splitmix64 sequence from seed), so a fixed seed and a step counter never repeat draws;
+//          seed [1] is step 0 (then the caller must pass a fresh seed every step).
+// Shapes and types are checked against each other in configurePlugin (extents known at build time) and
+// onShapeChange (all of them); a mismatch is one error through TensorRT's logger and a failed build.
 // Outputs  0 accepted_len int32 [B]; 1 tokens int32 [B, L] (accepted + bonus, -1 padded);
 //          2 best_path int32 [B]; 3 keep_nodes int32 [B, L] (root + accepted nodes, -1 padded)
 #pragma once
@@ -64,7 +69,10 @@ public:
     nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
 
 private:
+    static constexpr int32_t kMaxInputs = 5;
     int32_t expectedInputs() const noexcept;
+    // Input ranks, extents and types against each other; reports the first mismatch, false then.
+    bool checkInputs(nvinfer1::Dims const* dims, nvinfer1::DataType const* types, int32_t nbInputs) const noexcept;
     int32_t kernelMode() const noexcept;
 
     int32_t mMode;

@@ -20,7 +20,7 @@ from trtspec.errors import UsageError
 from trtspec.kernels.build import KERNELS_LIB, default_kernels_library
 
 #: Must equal TRTSPEC_KERNELS_ABI_VERSION in the header.
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_TREE_NODES = 1024
 
 STATUS_OK, STATUS_INVALID, STATUS_UNSUPPORTED, STATUS_CUDA = 0, 1, 2, 3
@@ -47,7 +47,7 @@ _SIGNATURES = {
     "trtspec_rmsnorm_heads_layout": (ctypes.c_int, [_p, _p, _p, _i32, _i32, _i32, _f32, ctypes.c_int,
                                                     ctypes.c_int, _p]),
     "trtspec_tree_verify": (ctypes.c_int, [ctypes.c_int, _p, _i32, _i32, _p, _i32, _i32, _p, _p, ctypes.c_int,
-                                           _i32, _p, _p, _p, _p, _p, _p, _p]),
+                                           _i32, _p, _p, _i32, _p, _p, _p, _p, _p]),
 }
 
 
@@ -194,6 +194,36 @@ def rmsnorm_heads(hidden: torch.Tensor, weights: torch.Tensor, eps: float, layou
     return out
 
 
+def rmsnorm_heads_strided(hidden: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, eps: float,
+                          lib: KernelLibrary | None = None) -> torch.Tensor:
+    """The raw strided entry point: hidden [T, H], weights [K, H] and out [K, T, H] may be views with any
+    row/head/token strides (the last axis contiguous), e.g. weights sliced out of a wider buffer.
+
+    Why exposed: a network rarely hands the kernel three freshly packed tensors; this is the call that
+    checks the kernel honours each stride instead of assuming H."""
+    if hidden.dim() != 2 or weights.dim() != 2 or out.dim() != 3:
+        raise UsageError("rmsnorm_heads_strided: hidden [T, H], weights [K, H] and out [K, T, H]")
+    t, h = hidden.shape
+    k = weights.shape[0]
+    if weights.shape[1] != h or tuple(out.shape) != (k, t, h):
+        raise UsageError(f"rmsnorm_heads_strided: shapes {tuple(hidden.shape)}, {tuple(weights.shape)}, "
+                         f"{tuple(out.shape)} do not fit")
+    if 1 not in (hidden.stride(-1), weights.stride(-1), out.stride(-1)) or \
+            min(hidden.stride(-1), weights.stride(-1), out.stride(-1)) != 1 or \
+            max(hidden.stride(-1), weights.stride(-1), out.stride(-1)) != 1:
+        raise UsageError("rmsnorm_heads_strided: the hidden axis must be contiguous in every tensor")
+    check_rmsnorm_inputs(hidden, weights, "head-major")
+    if out.dtype != hidden.dtype:
+        raise UsageError("rmsnorm_heads_strided: out must have the hidden state's dtype")
+    device = _require_device("rmsnorm_heads_strided", lib, hidden, weights, out)
+    lib = lib or load_library()
+    status = lib.trtspec_rmsnorm_heads(_ptr(hidden), hidden.stride(0), _ptr(weights), weights.stride(0), _ptr(out),
+                                       out.stride(0), out.stride(1), t, h, k, float(eps), DTYPES[hidden.dtype],
+                                       _stream(device))
+    lib.check("trtspec_rmsnorm_heads", status)
+    return out
+
+
 @dataclass
 class TreeVerifyOutput:
     """Kernel outputs, int32 tensors: accepted_len [B], tokens [B, L] (accepted + bonus, -1 padded),
@@ -236,8 +266,8 @@ def check_tree_verify_inputs(paths: torch.Tensor, draft_tokens: torch.Tensor, mo
             raise UsageError(f"tree_verify: target {target_kind} must be float [{b}, {n1}, V], got "
                              f"{target.dtype} {tuple(target.shape)}")
     if mode == "sampling":
-        if seed is None or seed.dtype != torch.int64 or seed.numel() != 1:
-            raise UsageError("tree_verify: sampling needs seed as an int64 tensor of one element")
+        if seed is None or seed.dtype != torch.int64 or seed.numel() not in (1, 2):
+            raise UsageError("tree_verify: sampling needs seed as an int64 tensor: [seed] or [seed, step]")
         if target_kind == "logits" and temperature is not None and (
                 temperature.dtype != torch.float32 or tuple(temperature.shape) != (b,)):
             raise UsageError(f"tree_verify: temperature must be float32 [{b}]")
@@ -246,12 +276,18 @@ def check_tree_verify_inputs(paths: torch.Tensor, draft_tokens: torch.Tensor, mo
 def prepare_tree_verify(paths: torch.Tensor, draft_tokens: torch.Tensor, target: torch.Tensor,
                         mode: str = "greedy", target_kind: str = "ids",
                         temperature: torch.Tensor | float | None = None, seed: torch.Tensor | int | None = None,
-                        lib: KernelLibrary | None = None) -> tuple[Callable[[], None], TreeVerifyOutput]:
+                        lib: KernelLibrary | None = None,
+                        step: int | None = None) -> tuple[Callable[[], None], TreeVerifyOutput]:
     """Check once, allocate the outputs, and return (launch, outputs); ``launch()`` reruns the kernel on
-    the current stream with no checks or allocations (safe to capture in a CUDA graph)."""
+    the current stream with no checks or allocations (safe to capture in a CUDA graph).
+
+    Sampling draws with key = seed + step * 0x9E3779B97F4A7C15 (``reference.step_key``): pass an int seed
+    and ``step``, or an int64 tensor [seed, step] that a captured graph updates in place between steps."""
     device = target.device
     if isinstance(seed, int):
-        seed = torch.tensor([seed], dtype=torch.int64, device=device)
+        seed = torch.tensor([seed] if step is None else [seed, step], dtype=torch.int64, device=device)
+    elif step is not None:
+        raise UsageError("tree_verify: pass step with an int seed, or a seed tensor [seed, step]")
     if isinstance(temperature, (int, float)):
         temperature = torch.full((draft_tokens.shape[0],), float(temperature), dtype=torch.float32, device=device)
     check_tree_verify_inputs(paths, draft_tokens, mode, target_kind, target, temperature, seed)
@@ -270,6 +306,7 @@ def prepare_tree_verify(paths: torch.Tensor, draft_tokens: torch.Tensor, target:
     args = (VERIFY_MODES[(mode, target_kind)], _ptr(paths), p, length, _ptr(draft_tokens), b, n1, _ptr(ids),
             _ptr(scores), DTYPES.get(target.dtype, 0), target.shape[2] if scores is not None else 0,
             _ptr(temperature) if sampling else None, _ptr(seed) if sampling else None,
+            seed.numel() if sampling else 0,
             _ptr(res.accepted_len), _ptr(res.tokens), _ptr(res.best_path), _ptr(res.keep_nodes))
     fn = lib.trtspec_tree_verify
 
@@ -281,13 +318,15 @@ def prepare_tree_verify(paths: torch.Tensor, draft_tokens: torch.Tensor, target:
 
 def tree_verify(paths: torch.Tensor, draft_tokens: torch.Tensor, target: torch.Tensor, mode: str = "greedy",
                 target_kind: str = "ids", temperature: torch.Tensor | float | None = None,
-                seed: torch.Tensor | int | None = None, lib: KernelLibrary | None = None) -> TreeVerifyOutput:
+                seed: torch.Tensor | int | None = None, lib: KernelLibrary | None = None,
+                step: int | None = None) -> TreeVerifyOutput:
     """Verify a batch of draft trees on the GPU (trtspec/runtime/verify.py semantics).
 
     paths int32 [P, L] (TreeBuffers.paths), draft_tokens int32 [B, N1], target: int32 argmax ids [B, N1]
     (target_kind="ids"), logits [B, N1, V] ("logits") or probabilities ("probs"); sampling also takes
-    temperature (float or float32 [B], logits only; default 1) and seed (int or int64 [1]).
+    temperature (float or float32 [B], logits only; default 1), seed (int, int64 [1] or [seed, step]) and
+    step (with an int seed): the step counter that keeps draws fresh across steps under one seed.
     """
-    launch, res = prepare_tree_verify(paths, draft_tokens, target, mode, target_kind, temperature, seed, lib)
+    launch, res = prepare_tree_verify(paths, draft_tokens, target, mode, target_kind, temperature, seed, lib, step)
     launch()
     return res

@@ -64,6 +64,27 @@ def header_path() -> Path:
     return plugins_source_dir() / "include" / HEADER
 
 
+#: Where CI keeps TensorRT's public headers: shared/ beside the checkout (Apache-2.0, headers only).
+SHARED_TRT_INCLUDE = Path("..") / "shared" / "third_party" / "tensorrt-10.14" / "include"
+
+
+def default_trt_include() -> Path | None:
+    """TensorRT headers to compile the plugin wrappers against when no TensorRT is installed.
+
+    $TRTSPEC_TRT_INCLUDE if set (it must hold NvInfer.h), else ../shared/third_party/tensorrt-10.14/include
+    relative to the repository root (CI clones the repository beside shared/), else None.
+    """
+    env = os.environ.get("TRTSPEC_TRT_INCLUDE")
+    if env:
+        path = Path(env).expanduser()
+        if not (path / "NvInfer.h").is_file():
+            raise UsageError(f"TRTSPEC_TRT_INCLUDE={env}: no NvInfer.h there",
+                             fix="point it at TensorRT's include directory, or unset it")
+        return path.resolve()
+    path = (plugins_source_dir().parent / SHARED_TRT_INCLUDE).resolve()
+    return path if (path / "NvInfer.h").is_file() else None
+
+
 def default_library_dir() -> Path:
     """Where `trtspec plugins build` puts the libraries and everything else looks for them.
 
@@ -140,7 +161,7 @@ def sources_hash() -> str:
     h = hashlib.sha256()
     for p in sorted(src.rglob("*")):
         rel = p.relative_to(src)
-        if p.is_file() and p.suffix in {".cu", ".cuh", ".h", ".cpp", ".txt"} and "build" not in rel.parts[:-1]:
+        if p.is_file() and p.suffix in {".cu", ".cuh", ".h", ".cpp", ".txt", ".map"} and "build" not in rel.parts[:-1]:
             h.update(str(rel).encode())
             h.update(p.read_bytes())
     return h.hexdigest()[:16]

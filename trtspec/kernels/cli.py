@@ -1,4 +1,5 @@
-"""`trtspec plugins build|info`: compile the CUDA kernels and TensorRT plugins, and say where they are."""
+"""`trtspec plugins build|info|export-onnx`: compile the CUDA kernels and TensorRT plugins, say where they
+are, and write draft heads as an ONNX graph of plugin nodes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 import click
 
 from trtspec.kernels import build as kbuild
+from trtspec.kernels.onnx_export import ONNX_DTYPES, export_heads_onnx
 
 
 @click.group("plugins")
@@ -62,6 +64,32 @@ def info_cmd(lib_dir: Path | None) -> None:
         "up_to_date": bool(info) and info.get("sources_hash") == kbuild.sources_hash(),
     }
     click.echo(json.dumps(out, indent=2))
+
+
+@plugins.command("export-onnx")
+@click.option("--heads", "heads_dir", required=True, type=click.Path(exists=True, path_type=Path),
+              help="Medusa or mtp-linear heads (any format trtspec reads).")
+@click.option("--target", "target_dir", required=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="The target model directory (its lm_head is the heads' shared projection).")
+@click.option("--out", "out_file", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="The .onnx file to write.")
+@click.option("--tree", default=None, help="Tree choices for the verify step [default: the heads' own tree].")
+@click.option("--dtype", type=click.Choice(sorted(ONNX_DTYPES)), default="float32", show_default=True,
+              help="Activation and weight type of the head graph.")
+@click.option("--verify", type=click.Choice(["greedy", "sampling", "none"]), default="greedy", show_default=True,
+              help="Add the TreeVerify step on target logits (greedy, or sampling with temperature and seed).")
+@click.option("--expand-plugins", is_flag=True,
+              help="Write the plugin nodes as standard ONNX ops (runs in any ONNX runtime; no TensorRT plugins).")
+def export_onnx_cmd(heads_dir: Path, target_dir: Path, out_file: Path, tree: str | None, dtype: str, verify: str,
+                    expand_plugins: bool) -> None:
+    """Write the draft heads and the verify step as an ONNX graph of trtspec plugin nodes.
+
+    TensorRT builds it with the plugin library loaded, e.g.
+    `trtexec --onnx=heads.onnx --dynamicPlugins=libtrtspec_plugins.so`.
+    """
+    out = export_heads_onnx(heads_dir, target_dir, out_file, tree=tree, dtype=dtype, verify=verify,
+                            expand_plugins=expand_plugins)
+    click.echo(f"onnx: {out}")
 
 
 COMMANDS = [plugins]

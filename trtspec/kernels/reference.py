@@ -4,8 +4,8 @@ Why a second reference next to trtspec/runtime/verify.py: the kernels take and r
 tensors (paths, [B, N1] tokens, [B, L] outputs), while verify.py works on one TreeBuffers and returns
 Python lists. ``tree_verify_reference`` calls verify.py (the specification) and pads its answer, so tests
 compare tensors exactly. ``tree_verify_greedy_batched`` is a vectorised torch version (no Python loop over
-the batch) that runs on the GPU; the benchmark times it against the kernel and the tests check that it
-agrees with verify.py.
+the batch, one step per tree level) that runs on the GPU; the benchmark times it against the kernel and
+the tests check that it agrees with verify.py, including siblings that share a token (first child wins).
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ import torch
 from trtspec.kernels.bindings import TreeVerifyOutput, rmsnorm_out_shape
 from trtspec.models.llama import rms_norm
 from trtspec.tree import TreeBuffers
-from trtspec.runtime.verify import VerifyResult, process_logits, verify_greedy, verify_sampling
+from trtspec.runtime.verify import (
+    VerifyResult,
+    process_logits,
+    verify_greedy,
+    verify_sampling,
+)
 
 #: Stated tolerances of the RMSNorm kernel against rms_norm (atol, rtol), per dtype. The kernel's sum of
 #: squares runs in another order than torch's, so r may differ in the last fp32 bit; after rounding to
@@ -45,6 +50,19 @@ def pad_result(res: VerifyResult, width: int) -> TreeVerifyOutput:
                             torch.tensor(res.best_path, dtype=torch.int32), keep)
 
 
+#: Odd 64-bit constant of splitmix64: the key of step s is the s-th state of the sequence started at seed.
+STEP_GAMMA = 0x9E3779B97F4A7C15
+
+
+def step_key(seed: int, step: int = 0) -> int:
+    """The counter_uniform seed the sampling kernel uses at ``step`` (seed tensor [seed, step]).
+
+    Why: without a step term every verification step with one seed draws the same uniforms, so
+    acceptance decisions repeat and the output is no longer distributed as the target. Step 0 is the seed
+    itself, so a one-element seed keeps verify.py's numbers."""
+    return (int(seed) + int(step) * STEP_GAMMA) & 0xFFFFFFFFFFFFFFFF
+
+
 def sampling_probs(target: torch.Tensor, target_kind: str, temperature) -> torch.Tensor:
     """The distribution the sampling kernel works on: softmax(logits / max(T, 1e-6)) per row, or probs."""
     if target_kind == "probs":
@@ -57,8 +75,9 @@ def sampling_probs(target: torch.Tensor, target_kind: str, temperature) -> torch
 
 def tree_verify_reference(tree: TreeBuffers, draft_tokens: torch.Tensor, target: torch.Tensor,
                           mode: str = "greedy", target_kind: str = "ids", temperature=None,
-                          seed: int = 0) -> TreeVerifyOutput:
-    """What the TreeVerify kernel must return, computed by trtspec/runtime/verify.py on the CPU."""
+                          seed: int = 0, step: int = 0) -> TreeVerifyOutput:
+    """What the TreeVerify kernel must return, computed by trtspec/runtime/verify.py on the CPU
+    (sampling at ``step`` uses ``step_key(seed, step)``)."""
     draft = draft_tokens.cpu().long()
     target = target.cpu()
     width = tree.max_depth + 1
@@ -66,35 +85,49 @@ def tree_verify_reference(tree: TreeBuffers, draft_tokens: torch.Tensor, target:
         ids = target.long() if target_kind == "ids" else target.float().argmax(-1)
         return pad_result(verify_greedy(tree, draft, ids), width)
     probs = sampling_probs(target, target_kind, temperature)
-    return pad_result(verify_sampling(tree, draft, probs, int(seed)), width)
+    return pad_result(verify_sampling(tree, draft, probs, step_key(seed, step)), width)
 
 
 def tree_verify_greedy_batched(paths: torch.Tensor, draft_tokens: torch.Tensor,
                                target_ids: torch.Tensor) -> TreeVerifyOutput:
-    """Greedy verification with tensor ops only (any device): the usual Medusa-style formulation.
+    """Greedy verification with tensor ops only (any device): verify.py's walk, one tree level at a time.
 
-    For each path, the accepted prefix is the run of positions where the node's token equals the target's
-    argmax at its parent; the best path is the first one with the longest run. Equal to the greedy walk
-    because children carry distinct tokens, so at most one path prefix matches at every depth.
+    At depth d every sequence still walking looks at the paths through its current node: a path's node at
+    depth d is a candidate when its token equals the target's argmax at the current node, and the
+    sequence moves to the candidate with the lowest node index (= the first child in rank order, which is
+    what verify.py takes when siblings share a token). The best path is the first path holding the last
+    accepted node at its depth.
     """
     paths = paths.long()
+    device = paths.device
     b = draft_tokens.shape[0]
     p, width = paths.shape
-    valid = paths >= 0
-    idx = paths.clamp(min=0)
-    tok = draft_tokens.long()[:, idx]                      # [B, P, L] token of each path node
-    arg = target_ids.long()[:, idx]                        # [B, P, L] argmax after each path node
-    match = (tok[:, :, 1:] == arg[:, :, :-1]) & valid[None, :, 1:]
-    run = torch.cumprod(match.int(), dim=-1).sum(-1)      # [B, P]
-    accepted = run.max(-1).values                          # [B]
-    best = (run == accepted[:, None]).int().argmax(-1)     # first path with the longest run
-    best_nodes = idx[best]                                 # [B, L]
-    pos = torch.arange(width, device=paths.device)
-    keep = torch.where(pos[None, :] <= accepted[:, None], best_nodes, torch.full_like(best_nodes, -1))
-    last = best_nodes.gather(1, accepted[:, None])         # [B, 1] last accepted node
-    bonus = target_ids.long().gather(1, last)             # [B, 1]
-    acc_tokens = draft_tokens.long().gather(1, best_nodes[:, 1:]) if width > 1 else best_nodes[:, :0]
-    tokens = torch.full((b, width), -1, dtype=torch.long, device=paths.device)
-    tokens[:, :-1] = torch.where(pos[None, :-1] < accepted[:, None], acc_tokens, tokens[:, :-1])
+    tok = draft_tokens.long()
+    arg = target_ids.long()
+    big = torch.iinfo(torch.long).max
+    cur = torch.zeros(b, dtype=torch.long, device=device)
+    alive = torch.ones(b, dtype=torch.bool, device=device)
+    accepted = torch.zeros(b, dtype=torch.long, device=device)
+    keep = torch.full((b, width), -1, dtype=torch.long, device=device)
+    keep[:, 0] = 0
+    tokens = torch.full((b, width), -1, dtype=torch.long, device=device)
+    want = arg[:, 0]
+    for d in range(1, width):
+        node = paths[:, d]                                   # [P] node at depth d of each path
+        parent = paths[:, d - 1]
+        valid = (node >= 0)[None, :] & (parent[None, :] == cur[:, None])          # [B, P]
+        node_tok = tok[:, node.clamp(min=0)]                                      # [B, P]
+        match = valid & (node_tok == want[:, None]) & alive[:, None]
+        nxt = torch.where(match, node[None, :].expand(b, p), torch.full_like(node_tok, big)).min(-1).values
+        moved = nxt != big
+        tokens[:, d - 1] = torch.where(moved, want, tokens[:, d - 1])
+        keep[:, d] = torch.where(moved, nxt, keep[:, d])
+        cur = torch.where(moved, nxt, cur)
+        accepted += moved.long()
+        alive &= moved
+        want = arg.gather(1, cur[:, None])[:, 0]
+    bonus = arg.gather(1, cur[:, None])                      # argmax at the last accepted node
     tokens.scatter_(1, accepted[:, None], bonus)
+    at_depth = paths.t()[accepted]                            # [B, P] node of each path at that depth
+    best = (at_depth == cur[:, None]).int().argmax(-1)        # first path holding it
     return TreeVerifyOutput(accepted.int(), tokens.int(), best.int(), keep.int())

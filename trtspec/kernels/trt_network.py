@@ -159,7 +159,8 @@ def add_tree_verify(network, paths, draft_tokens, target, mode: str = "greedy", 
                     temperature=None, seed=None, library=None) -> TreeVerifyTensors:
     """Tree verification inside the engine. paths int32 [P, L] (a constant of TreeBuffers.paths),
     draft_tokens int32 [B, N1], target ids int32 [B, N1] or logits/probs [B, N1, V]; sampling needs seed
-    (int64 [1]) and, on logits, temperature (float32 [B])."""
+    (int64 [1], or [2] = (seed, step): the step keeps draws fresh under one seed) and, on logits,
+    temperature (float32 [B])."""
     n = tree_verify_num_inputs(mode, target_kind)
     inputs = [paths, draft_tokens, target]
     if mode == "sampling":
