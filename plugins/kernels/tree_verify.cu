@@ -597,6 +597,10 @@ __global__ void __launch_bounds__(NT) tree_verify_kernel(VerifyArgs a) {
         if (n > 0 && n < N1 && pn >= 0 && pn < N1) s_parent[n] = pn;
     }
     __syncthreads();
+    // Distributed shared memory may be touched only once every CTA of the cluster is running (CUDA
+    // programming guide, "Distributed Shared Memory"): without this barrier a fast CTA's first
+    // cluster_store_all can write into a peer that has not started (compute-sanitizer racecheck saw it).
+    if (a.cluster > 1) cluster_barrier(a);
 
     const TT* target = static_cast<const TT*>(a.target);
     const uint64_t seed = kSampling ? step_key(a.seed, a.seed_len) : 0ull;
