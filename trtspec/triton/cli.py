@@ -61,8 +61,14 @@ def triton_group() -> None:
 @click.option("--max-batch-size", type=int, default=8, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="reference: cpu, cuda, cuda:N or auto.")
 @click.option("--no-speculative", is_flag=True, help="reference: plain decoding with the same model (baseline).")
+@click.option("--decoupled/--no-decoupled", default=True, show_default=True,
+              help="TensorRT-LLM's decoupled_mode: decoupled streams (gRPC, generate_stream); not decoupled "
+                   "serves plain unary requests (HTTP /infer and /generate on the ensemble).")
+@click.option("--max-seq-len", type=int, default=None,
+              help="The engine's max_seq_len (trtllm-build --max_seq_len). Default: the engine's config.json; "
+                   "reference: the model's max_position_embeddings.")
 def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_dir, engine_dir, plugin_library,
-             max_batch_size, device, no_speculative) -> None:
+             max_batch_size, device, no_speculative, decoupled, max_seq_len) -> None:
     """Fill the Triton templates for a target + heads, validate every config.pbtxt against Triton's
     ModelConfig schema, and write the repository (preprocessing, tensorrt_llm, postprocessing, ensemble,
     tensorrt_llm_bls)."""
@@ -80,7 +86,12 @@ def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_d
         raise UsageError("give the model: --spec DIR_OR_FILE or --target DIR")
     spec = load_spec_model(fields["target"], fields.get("heads"), heads_format=fields.get("heads_format"),
                            tree=fields.get("tree"), dtype=fields.get("dtype") if runtime == "reference" else None)
-    options = {"triton_max_batch_size": max_batch_size, "speculative": not no_speculative}
+    options = {"triton_max_batch_size": max_batch_size, "speculative": not no_speculative,
+               "decoupled_mode": decoupled}
+    if max_seq_len is not None:
+        if max_seq_len < 1:
+            raise UsageError("--max-seq-len must be >= 1")
+        options["max_seq_len"] = max_seq_len
     if runtime == "reference":
         options["trtspec_device"] = device
     repo = emit_repository(spec, runtime, out_dir, engine_dir=engine_dir, plugin_library=plugin_library,
