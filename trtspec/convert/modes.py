@@ -86,6 +86,9 @@ class ExportMode:
     #: why pp > 1 is refused (shown in the error): a per-kind fact, kept on the kind's class
     pp_refusal: str = ""
     needs_plugin: bool = False
+    #: the drafter is its own engine served next to the target (Triton: a tensorrt_llm_draft model that
+    #: tensorrt_llm_bls drives), not heads inside the target engine
+    separate_draft_model: bool = False
     model_cls: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -327,7 +330,7 @@ class MtpSingle(Eagle):
 
 class DraftModel(ExportMode):
     def __init__(self):
-        super().__init__("draft-model", "LlamaForCausalLM", "draft_tokens_external")
+        super().__init__("draft-model", "LlamaForCausalLM", "draft_tokens_external", separate_draft_model=True)
 
     def checkpoints(self, spec, opts):
         self.validate(spec, opts)

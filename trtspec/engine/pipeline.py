@@ -157,7 +157,9 @@ def emit_triton(spec: SpecModel, root: Path, final_root: Path, options: dict[str
             lib = None
     # the engines' path as the server will see it: the final directory, not the temporary one
     engine_dir = final_root.resolve() / target.output_dir if runtime == "trtllm" else None
-    return emit_repository(spec, runtime, root / "triton_repo", engine_dir, lib, tr_opts)
+    draft = next((e for e in plan.engines if e.name == "draft"), None)
+    draft_dir = final_root.resolve() / draft.output_dir if draft is not None and runtime == "trtllm" else None
+    return emit_repository(spec, runtime, root / "triton_repo", engine_dir, lib, tr_opts, draft_engine_dir=draft_dir)
 
 
 def check_can_build(allow_no_gpu: bool) -> tuple[bool, str]:

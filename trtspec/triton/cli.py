@@ -56,6 +56,8 @@ def triton_group() -> None:
               help="Repository directory to write (replaced atomically if it is a trtspec repository).")
 @click.option("--engine-dir", type=click.Path(path_type=Path), default=None,
               help="trtllm: the engines' directory as the server will see it.")
+@click.option("--draft-engine-dir", type=click.Path(path_type=Path), default=None,
+              help="trtllm, draft-model heads: the draft engine's directory as the server will see it.")
 @click.option("--plugin-library", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="trtllm: the project's TensorRT plugin library (copied in, preloaded by the server).")
 @click.option("--max-batch-size", type=int, default=8, show_default=True)
@@ -67,7 +69,8 @@ def triton_group() -> None:
 @click.option("--max-seq-len", type=int, default=None,
               help="The engine's max_seq_len (trtllm-build --max_seq_len). Default: the engine's config.json; "
                    "reference: the model's max_position_embeddings.")
-def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_dir, engine_dir, plugin_library,
+def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_dir, engine_dir, draft_engine_dir,
+             plugin_library,
              max_batch_size, device, no_speculative, decoupled, max_seq_len) -> None:
     """Fill the Triton templates for a target + heads, validate every config.pbtxt against Triton's
     ModelConfig schema, and write the repository (preprocessing, tensorrt_llm, postprocessing, ensemble,
@@ -95,7 +98,7 @@ def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_d
     if runtime == "reference":
         options["trtspec_device"] = device
     repo = emit_repository(spec, runtime, out_dir, engine_dir=engine_dir, plugin_library=plugin_library,
-                           options=options)
+                           options=options, draft_engine_dir=draft_engine_dir)
     click.echo(f"wrote {runtime} Triton repository {repo} ({spec.describe()})")
     click.echo(f"serve it with: trtspec serve {shlex.quote(str(repo))}")
 

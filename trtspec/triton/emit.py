@@ -260,8 +260,37 @@ def _is_trtspec_repo(path: Path) -> bool:
     return (path / MANIFEST).is_file()
 
 
+DRAFT_MODEL = "tensorrt_llm_draft"
+
+
+def uses_draft_engine(spec: SpecModel) -> bool:
+    """Whether the drafter is a separate model served next to the target (draft-model): a per-kind fact
+    kept on the kind's ExportMode (trtspec/convert/modes.py)."""
+    from trtspec.convert.modes import select_mode
+
+    return spec.drafter is not None and select_mode(spec).separate_draft_model
+
+
+def draft_values(spec: SpecModel, runtime: str, values: dict[str, Any], draft_engine_dir: Path | None) -> dict:
+    """Template values for the draft model's own tensorrt_llm copy: a plain (non-speculative) model that
+    tensorrt_llm_bls asks for draft tokens, TensorRT-LLM's draft-target deployment."""
+    v = dict(values, decoding_mode=None, medusa_choices=None, eagle_choices=None, max_draft_len=None,
+             trtspec_drafter_kind=None, trtspec_tree_choices=None, trtspec_plugin_library=None,
+             tensorrt_llm_draft_model_name=None)
+    if runtime == "trtllm":
+        if draft_engine_dir is None:
+            raise UsageError("a draft-model deployment needs the draft engine's directory (--draft-engine-dir)",
+                             fix="pass the directory trtspec build wrote engines/draft to")
+        v["engine_dir"] = str(Path(draft_engine_dir).resolve())
+    else:
+        v.update(trtspec_target_dir=str(Path(spec.drafter.path).resolve()), trtspec_heads_dir=None,
+                 trtspec_speculative=False)
+    return v
+
+
 def emit_repository(spec: SpecModel, runtime: str, out_dir: Path, engine_dir: Path | None = None,
-                    plugin_library: Path | None = None, options: dict | None = None) -> Path:
+                    plugin_library: Path | None = None, options: dict | None = None,
+                    draft_engine_dir: Path | None = None) -> Path:
     """Write the Triton model repository for ``spec`` to ``out_dir`` (atomically); returns ``out_dir``.
 
     ``runtime`` is ``trtllm`` (needs ``engine_dir``, the engines' path as the server will see it; a
@@ -292,18 +321,29 @@ def emit_repository(spec: SpecModel, runtime: str, out_dir: Path, engine_dir: Pa
     name = Path(plugin_library).name if plugin_library is not None else expected
     plugin_rel = f"{PLUGIN_SUBDIR}/{name}" if name else None
     values = template_values(spec, runtime, engine_dir, plugin_rel, options)
+    models = {m: values for m in MODELS}
+    if uses_draft_engine(spec):
+        # draft-target: the BLS drives the draft model; both engines keep their KV cache between the
+        # draft and verify requests (the documented setting for this mode)
+        if runtime == "trtllm":
+            values["enable_kv_cache_reuse"] = True
+        values["tensorrt_llm_draft_model_name"] = DRAFT_MODEL
+        models[DRAFT_MODEL] = draft_values(spec, runtime, values, draft_engine_dir)
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        for model in MODELS:
-            src, dst = TEMPLATE_DIR / model, tmp / model
+        for model, model_values in models.items():
+            template = "tensorrt_llm" if model == DRAFT_MODEL else model
+            src, dst = TEMPLATE_DIR / template, tmp / model
             (dst / "1").mkdir(parents=True)
             text = (src / "config.pbtxt").read_text()
-            (dst / "config.pbtxt").write_text(fill_template(text, values, src / "config.pbtxt"))
+            if model != template:
+                text = text.replace(f'name: "{template}"', f'name: "{model}"', 1)
+            (dst / "config.pbtxt").write_text(fill_template(text, model_values, src / "config.pbtxt"))
             model_py = src / "1" / "model.py"
             # the engine path's tensorrt_llm is the C++ backend: no model.py (it would only confuse)
-            if model_py.is_file() and not (model == "tensorrt_llm" and runtime == "trtllm"):
+            if model_py.is_file() and not (template == "tensorrt_llm" and runtime == "trtllm"):
                 shutil.copy2(model_py, dst / "1" / "model.py")
         _copy_tokenizer(spec, tmp / TOKENIZER_SUBDIR)
         if plugin_rel is not None:
@@ -311,7 +351,8 @@ def emit_repository(spec: SpecModel, runtime: str, out_dir: Path, engine_dir: Pa
         if plugin_library is not None:
             shutil.copy2(plugin_library, tmp / plugin_rel)
         validate_repository(tmp)
-        manifest = {"format": 1, "runtime": runtime, "models": list(MODELS), "spec": spec.describe(),
+        manifest = {"format": 1, "runtime": runtime, "models": list(models), "spec": spec.describe(),
+                    "draft_model": DRAFT_MODEL if DRAFT_MODEL in models else None,
                     "drafter_kind": values["trtspec_drafter_kind"], "decoding_mode": values["decoding_mode"],
                     "tree_choices": json.loads(values["trtspec_tree_choices"] or "[]"),
                     "max_draft_len": values["max_draft_len"], "speculative": values.get("trtspec_speculative"),
