@@ -148,7 +148,7 @@ def test_plugin_library_is_copied_and_preloaded(spec, tmp_path):
     assert _params(load_repository(repo)["tensorrt_llm"])["trtspec_plugin_library"] == rel
     res = CliRunner().invoke(main, ["serve", str(repo)])
     assert res.exit_code == 0, res.output
-    assert f"LD_PRELOAD=/models/{rel}" in res.output and "tritonserver --model-repository=/models" in res.output
+    assert f"LD_PRELOAD=/models/{rel}" in res.output and "bash /models/launch.sh" in res.output
 
 
 def test_plugin_library_built_later_is_still_preloaded(spec, tmp_path):

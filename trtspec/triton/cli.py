@@ -12,7 +12,10 @@ import click
 
 from trtspec.checkpoint.errors import CheckpointError, UsageError
 
-DEFAULT_CONTAINER = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"
+from trtspec.triton.launch import LAUNCH_SCRIPT, TRTLLM_IMAGE
+
+#: the image that ships TensorRT-LLM 1.2.1, the version the engines are built with
+DEFAULT_CONTAINER = TRTLLM_IMAGE
 
 
 def _read_spec_file(path: Path) -> dict:
@@ -105,17 +108,20 @@ def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_d
 
 def container_command(repo: Path, manifest: dict, http_port: int, grpc_port: int, metrics_port: int,
                       image: str = DEFAULT_CONTAINER) -> str:
-    """The docker command that serves a trtllm repository (engines + plugin library preloaded)."""
+    """The docker command that serves a trtllm repository: the 1.2.1 image runs the repository's
+    launch.sh, which starts one tritonserver rank per GPU of the engine under mpirun (plugin library
+    preloaded)."""
     repo = Path(repo).resolve()
-    parts = ["docker", "run", "--rm", "-it", "--gpus", "all", "--shm-size=2g", "--net", "host",
-             "-v", f"{repo}:/models"]
-    engine = manifest.get("engine_dir")
-    if engine and Path(engine).is_absolute():
-        parts += ["-v", f"{engine}:{engine}"]
+    parts = ["docker", "run", "--rm", "-it", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+             "--net", "host", "-e", "TRTSPEC_INSIDE=1", "-v", f"{repo}:/models"]
+    for key in ("engine_dir", "draft_engine_dir"):
+        engine = manifest.get(key)
+        if engine and Path(engine).is_absolute():
+            parts += ["-v", f"{engine}:{engine}"]
     if manifest.get("plugin_library"):
         parts += ["-e", f"LD_PRELOAD=/models/{manifest['plugin_library']}"]
-    parts += [image, "tritonserver", "--model-repository=/models", f"--http-port={http_port}",
-              f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}"]
+    parts += [image, "bash", f"/models/{LAUNCH_SCRIPT}", "--http-port", str(http_port), "--grpc-port",
+              str(grpc_port), "--metrics-port", str(metrics_port)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -148,6 +154,9 @@ def serve_cmd(repo, http_port, grpc_port, metrics_port, install, log_file, timeo
                    "on a machine with a GPU and the engines run:")
         click.echo(container_command(repo, manifest, http_port or 8000, grpc_port or 8001, metrics_port or 8002,
                                      image))
+        click.echo(f"(or run {repo / LAUNCH_SCRIPT} there; it starts {image} itself. The image ships "
+                   f"TensorRT-LLM 1.2.1, the version of the engines; launch.sh runs one MPI rank per GPU of the "
+                   f"engine)")
         lib = manifest.get("plugin_library")
         if lib and not (repo / lib).is_file():
             click.echo(f"warning: {repo / lib} is missing: copy the plugin library there first (the engines "

@@ -350,9 +350,17 @@ def emit_repository(spec: SpecModel, runtime: str, out_dir: Path, engine_dir: Pa
             (tmp / PLUGIN_SUBDIR).mkdir(parents=True, exist_ok=True)
         if plugin_library is not None:
             shutil.copy2(plugin_library, tmp / plugin_rel)
+        if runtime == "trtllm":
+            from trtspec.triton.launch import write_launch_script
+
+            write_launch_script(tmp, values["engine_dir"], [m for m in models if m.startswith("tensorrt_llm")
+                                                            and m != "tensorrt_llm_bls"], plugin_rel,
+                                models[DRAFT_MODEL]["engine_dir"] if DRAFT_MODEL in models else None)
         validate_repository(tmp)
         manifest = {"format": 1, "runtime": runtime, "models": list(models), "spec": spec.describe(),
                     "draft_model": DRAFT_MODEL if DRAFT_MODEL in models else None,
+                    "draft_engine_dir": models[DRAFT_MODEL]["engine_dir"] if DRAFT_MODEL in models else None,
+                    "launch": "launch.sh" if runtime == "trtllm" else None,
                     "drafter_kind": values["trtspec_drafter_kind"], "decoding_mode": values["decoding_mode"],
                     "tree_choices": json.loads(values["trtspec_tree_choices"] or "[]"),
                     "max_draft_len": values["max_draft_len"], "speculative": values.get("trtspec_speculative"),
