@@ -119,8 +119,9 @@ def stream_infer(url: str, model: str, inputs: dict, outputs: list[str]) -> list
 def test_end_to_end_grpc_client_request(draft_setup, model_name, streaming):
     srv, oracle = draft_setup
     prompt, n = PROMPTS[1], 12
+    # (+ batch_index / sequence_index: what the stock client requests with --batch-inputs / -n)
     results = stream_infer(srv.grpc_url, model_name, stock_inputs(prompt, n, streaming),
-                           ["text_output", *PERF_OUTPUTS])
+                           ["text_output", "batch_index", "sequence_index", *PERF_OUTPUTS])
     errors = [r for r in results if isinstance(r, Exception)]
     assert not errors, errors
     text = ""
@@ -128,8 +129,7 @@ def test_end_to_end_grpc_client_request(draft_setup, model_name, streaming):
         out = r.as_numpy("text_output")
         piece = out[0].decode("utf-8")  # what the stock client does: a flat text_output
         text = text + piece if streaming else piece
-        batch_index = r.as_numpy("batch_index")
-        assert batch_index is None or batch_index[0][0] == 0
+        assert r.as_numpy("batch_index")[0][0] == 0 and r.as_numpy("sequence_index")[0][0] == 0
     last = results[-1]
     perf = {k: last.as_numpy(k)[0][0] for k in PERF_OUTPUTS}  # every perf output is there, [1, 1]
     greedy = oracle.text(prompt, n)
