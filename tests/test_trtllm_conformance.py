@@ -264,3 +264,17 @@ class MtpNet(EagleNet):
     problems = check_model_file(bad)
     assert any("super().__init__ -> EagleNet: missing ['logits_dtype']" in p for p in problems), problems
     assert any("RmsNorm(...)" in p and "positional" in p for p in problems), problems
+
+
+@needs_no_trtllm
+def test_build_without_gpu_keeps_the_plugin_preload_and_the_engine_limits(built):
+    """mtp-linear built here (no GPU, no plugin library yet): the Triton repository still names the library
+    the server must preload, and max_seq_len is the build's, not max_position_embeddings."""
+    out = built[("mtp-linear", 2, 1)]
+    repo = out / "triton_repo"
+    manifest = json.loads((repo / "trtspec_repo.json").read_text())
+    assert manifest["plugin_library"] == "tensorrt_llm/1/plugins/libtrtspec_plugins.so"
+    assert "PLUGIN_LIBRARY=tensorrt_llm/1/plugins/libtrtspec_plugins.so" in (repo / "launch.sh").read_text()
+    plan = json.loads((out / "plan.json").read_text())
+    assert manifest["max_seq_len"] == plan["engines"][0]["max_seq_len"] == 512  # the demo preset's
+    assert manifest["engine_dir"] == str((out / "engines" / "target").resolve())
