@@ -83,6 +83,7 @@ def test_draft_target_runs_in_orchestrator_mode(specs, tmp_path):
     assert "TRTLLM_ORCHESTRATOR=1" in script
     argv = dry_run(repo)
     assert argv.count("-n") == 1 and ":" not in argv
+    assert "--pinned-memory-pool-byte-size=0" in argv and "--enable-peer-access=false" in argv
     text = (repo / "tensorrt_llm_draft" / "config.pbtxt").read_text()
     assert f'string_value: "{d}"' in text and 'name: "tensorrt_llm_draft"' in text
     bls = (repo / "tensorrt_llm_bls" / "config.pbtxt").read_text()

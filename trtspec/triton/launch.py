@@ -82,8 +82,8 @@ for e in "${{ENGINES[@]}}"; do
   [ -f "$e/config.json" ] || {{ echo "error: no engine at $e (config.json missing): run build_engines.sh first" >&2; exit 2; }}
 done
 WORLD=$(world_size "$ENGINE_DIR")
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "$DRY_RUN" = 0 ]; then
-  GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   if [ "${{GPUS:-0}}" -lt "$WORLD" ]; then
     echo "error: the engine needs $WORLD GPUs (tp x pp), $GPUS visible" >&2; exit 2
   fi
@@ -97,8 +97,11 @@ CMD=(mpirun --allow-run-as-root)
 if [ "${{#ENGINES[@]}}" -gt 1 ]; then
   # two TensorRT-LLM models (draft-target): orchestrator mode, the backend spawns each engine's workers
   export TRTLLM_ORCHESTRATOR=1
-  CMD+=(-n 1 "$TRITONSERVER" --model-repository="$REPO" "${{PORTS[@]}}" --disable-auto-complete-config
-        --backend-config=python,shm-region-prefix-name=prefix0_)
+  # (as upstream's --multi-model: no pinned / peer memory pools, the spawned workers own the GPUs)
+  CMD+=(-n 1 "$TRITONSERVER" --model-repository="$REPO" "${{PORTS[@]}}" --pinned-memory-pool-byte-size=0
+        --enable-peer-access=false)
+  for ((j = 0; j < ${{GPUS:-1}}; j++)); do CMD+=(--cuda-memory-pool-byte-size=$j:0); done
+  CMD+=(--disable-auto-complete-config --backend-config=python,shm-region-prefix-name=prefix0_)
 else
   # leader mode: one rank per GPU; ranks > 0 load only the TensorRT-LLM model and serve as its workers
   for ((i = 0; i < WORLD; i++)); do
