@@ -278,3 +278,45 @@ def test_build_without_gpu_keeps_the_plugin_preload_and_the_engine_limits(built)
     plan = json.loads((out / "plan.json").read_text())
     assert manifest["max_seq_len"] == plan["engines"][0]["max_seq_len"] == 512  # the demo preset's
     assert manifest["engine_dir"] == str((out / "engines" / "target").resolve())
+
+
+TRTLLM_BUILDER = REPO / "trtspec" / "engine" / "trtllm.py"
+
+
+def test_build_api_calls_match_trtllm_1_2_1():
+    """trtspec/engine/trtllm.py (the in-process trtllm-build): BuildConfig keys, from_dict and
+    from_checkpoint calls against the recorded BuildConfig dataclass and PretrainedModel.from_checkpoint."""
+    api = facts()["python_api"]
+    fields = {f[0] for f in api["tensorrt_llm.builder.BuildConfig"]["fields"]}
+    tree = ast.parse(TRTLLM_BUILDER.read_text())
+    dicts = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "fields" for t in n.targets)]
+    keys = {k.value for d in dicts for k in d.value.keys}
+    keys |= {n.slice.value for n in ast.walk(tree) if isinstance(n, ast.Subscript)
+             and isinstance(n.value, ast.Name) and n.value.id == "fields" and isinstance(n.slice, ast.Constant)}
+    assert keys and keys <= fields, keys - fields  # BuildConfig.update_from_dict raises on an unknown key
+    from_ckpt = Sig(api["tensorrt_llm.models.modeling_utils.PretrainedModel.from_checkpoint"]["signature"])
+    from_dict = Sig("(cls, " + next(m for m in api["tensorrt_llm.builder.BuildConfig"]["methods"]
+                                    if m.startswith("from_dict(")).split("(", 1)[1])
+    checked = 0
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)):
+        sig = {"from_checkpoint": from_ckpt, "from_dict": from_dict}.get(call.func.attr)
+        if sig is not None:
+            assert sig.bind_errors(call) == [], (call.func.attr, sig.bind_errors(call))
+            checked += 1
+    assert checked == 2
+
+
+@needs_no_trtllm
+def test_checkpoint_architectures_and_modes_are_known_to_1_2_1(built):
+    """config.json's architecture must be a MODEL_MAP key (from_json_file looks it up) and the plan's
+    speculative mode one trtllm-build / SpeculativeDecodingMode.from_arguments accepts."""
+    model_map = set(facts()["python_api"]["tensorrt_llm.models.MODEL_MAP (relevant keys)"]) - {"commit_read"}
+    modes = set(facts()["python_api"]["tensorrt_llm.models.modeling_utils.SpeculativeDecodingMode"][
+        "from_arguments_strings"])
+    for out in built.values():
+        plan = json.loads((out / "plan.json").read_text())
+        for e in plan["engines"]:
+            cfg = json.loads((out / e["checkpoint_dir"] / "config.json").read_text())
+            assert cfg["architecture"] in model_map, cfg["architecture"]
+            assert e["speculative_decoding_mode"] is None or e["speculative_decoding_mode"] in modes
