@@ -14,7 +14,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from convert_fixtures import make_spec, make_target
+from convert_fixtures import make_spec
 from trtspec.checkpoint.heads.mtp import save_mtp
 from trtspec.checkpoint.load import load_spec_model
 from trtspec.convert import names as N

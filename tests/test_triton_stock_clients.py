@@ -6,8 +6,8 @@ by a real tritonserver (nvidia-pytriton wheel) on 127.0.0.1.
   num_return_sequences / exclude_input_in_output / return_perf_metrics, the perf outputs requested by name
   and read as ``[0][0]``, ``text_output`` read as ``[0].decode()``;
 - inflight_batcher_llm_client: token ids straight to ``tensorrt_llm``;
-- a plain tritonclient HTTP ``infer`` on ``ensemble`` of a not-decoupled repository (no streaming support
-  needed): the text equals offline greedy decoding;
+- a plain tritonclient HTTP ``infer`` on ``ensemble`` / ``tensorrt_llm_bls`` of a not-decoupled repository
+  (no streaming support needed): the text equals offline greedy decoding;
 - draft-target through ``tensorrt_llm_bls`` with ``num_draft_tokens`` (the BLS drives tensorrt_llm_draft).
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from convert_fixtures import make_spec
-from triton_support import PROMPTS, Oracle, make_model
+from triton_support import PROMPTS, Oracle
 from trtspec.triton.emit import emit_repository
 
 pytest.importorskip("pytriton")
@@ -61,16 +61,13 @@ def draft_setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def unary_setup(tmp_path_factory):
-    """Medusa heads, emitted --no-decoupled."""
+    """The same kind of deployment emitted --no-decoupled."""
     root = tmp_path_factory.mktemp("stock_unary")
-    model = make_model(root / "m")
-    from trtspec.checkpoint.load import load_spec_model
-
-    spec = load_spec_model(model["target"], model["heads"])
+    spec = make_spec(root / "m", "draft-model")
     repo = emit_repository(spec, "reference", root / "repo", options={**REF_OPTIONS, "decoupled": False})
     srv = _serve(repo, root / "tritonserver.log")
     try:
-        yield srv, Oracle(model["target"], model["heads"])
+        yield srv, Oracle(spec.target.path, None)
     finally:
         srv.stop()
 
@@ -198,6 +195,24 @@ def test_plain_http_infer_when_not_decoupled(unary_setup, model_name):
         res = client.infer(model_name, inputs)
         out = res.as_numpy("text_output")
         assert out.shape == (1,) and out[0].decode("utf-8") == oracle.text(prompt, n)
+    client.close()
+
+
+def test_draft_target_through_bls_over_plain_http(unary_setup):
+    srv, oracle = unary_setup
+    client = httpclient.InferenceServerClient(srv.http_url)
+    prompt, n = PROMPTS[5], 11
+    inputs = []
+    for name, arr in (("text_input", np.array([[prompt]], dtype=object)),
+                      ("max_tokens", np.array([[n]], dtype=np.int32)),
+                      ("num_draft_tokens", np.array([[2]], dtype=np.int32)),
+                      ("return_perf_metrics", np.array([[True]], dtype=bool))):
+        t = httpclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    res = client.infer("tensorrt_llm_bls", inputs)
+    assert res.as_numpy("text_output")[0].decode("utf-8") == oracle.text(prompt, n)
+    assert res.as_numpy("total_draft_tokens")[0][0] > 0
     client.close()
 
 
