@@ -4,8 +4,14 @@ validate every config.pbtxt against Triton's ModelConfig (tritonclient.grpc.mode
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
