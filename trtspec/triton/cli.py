@@ -173,7 +173,8 @@ def serve_cmd(repo, http_port, grpc_port, metrics_port, install, log_file, timeo
         click.echo(f"starting tritonserver for {repo} (log: {log_file or 'temporary file'}) ...", err=True)
         with server:
             click.echo(f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
-            click.echo(f"  try: trtspec client stream --url {server.http_url} \"Hello\"")
+            verb = "stream" if manifest.get("decoupled", True) else "generate"  # unary only when not decoupled
+            click.echo(f"  try: trtspec client {verb} --url {server.http_url} \"Hello\"")
             click.echo("  Ctrl-C stops the server", err=True)
             while server.is_alive():
                 time.sleep(0.5)
