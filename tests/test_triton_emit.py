@@ -32,12 +32,18 @@ def spec(model):
 
 
 def _params(cfg) -> dict[str, str]:
-    return {k: v.string_value for k, v in cfg.parameters.items()}
+    """The parameters that are set (an unset one keeps its ${...} text, as upstream leaves it)."""
+    return {k: v.string_value for k, v in cfg.parameters.items() if not v.string_value.startswith("${")}
+
+
+def _unset(cfg) -> set[str]:
+    return {k for k, v in cfg.parameters.items() if v.string_value.startswith("${")}
 
 
 @pytest.mark.parametrize("runtime", ["reference", "trtllm"])
 def test_both_runtimes_parse_and_share_the_contract(spec, tmp_path, runtime):
-    repo = emit_repository(spec, runtime, tmp_path / "repo", engine_dir=Path("/engines/llama"))
+    repo = emit_repository(spec, runtime, tmp_path / "repo", engine_dir=Path("/engines/llama"),
+                           options={"max_seq_len": 256})
     cfgs = validate_repository(repo)
     assert set(cfgs) == set(MODELS)
     llm = cfgs["tensorrt_llm"]
@@ -75,14 +81,15 @@ def test_both_runtimes_parse_and_share_the_contract(spec, tmp_path, runtime):
         assert not (repo / "tensorrt_llm/1/model.py").exists()
         assert "trtspec_target_dir" not in p
     else:
-        assert "gpt_model_path" not in p  # unset parameters are dropped, never left as ${...}
+        # unset parameters stay as upstream's fill_template leaves them: the key is there, with ${...}
+        assert "gpt_model_path" not in p and "gpt_model_path" in _unset(llm)
         assert Path(p["trtspec_target_dir"]) == Path(spec.target.path).resolve()
         assert (repo / "tensorrt_llm/1/model.py").is_file()
 
 
 def test_runtimes_have_identical_tensors(spec, tmp_path):
     a = load_repository(emit_repository(spec, "reference", tmp_path / "a"))
-    b = load_repository(emit_repository(spec, "trtllm", tmp_path / "b", engine_dir=Path("/e")))
+    b = load_repository(emit_repository(spec, "trtllm", tmp_path / "b", engine_dir=Path("/e"), options={"max_seq_len": 64}))
     for name in MODELS:
         for field in ("input", "output"):
             sig = lambda cfg: [(t.name, t.data_type, list(t.dims), t.optional if field == "input" else 0)
@@ -95,7 +102,12 @@ def test_unfilled_placeholders_are_refused(tmp_path):
     with pytest.raises(UsageError, match="no value for placeholder"):
         fill_template(text, {"triton_backend": "python"})
     with pytest.raises(CheckpointError, match=r"placeholder \$\{engine_dir\} was not filled"):
-        parse_config('name: "x"\nbackend: "python"\nparameters: { key: "a" value: { string_value: "${engine_dir}" } }')
+        parse_config('name: "x"\nbackend: "tensorrtllm"\nparameters: { key: "gpt_model_type" value: { string_value: '
+                     '"v1" } }\nparameters: { key: "gpt_model_path" value: { string_value: "${engine_dir}" } }')
+    with pytest.raises(CheckpointError, match=r"placeholder \$\{n\} was not filled"):
+        parse_config('name: "x"\nbackend: "python"\nmax_batch_size: ${n}\n')
+    # an optional parameter left unset keeps its text, as upstream's fill_template leaves it
+    parse_config('name: "x"\nbackend: "python"\nparameters: { key: "a" value: { string_value: "${lora_dir}" } }')
     with pytest.raises(CheckpointError, match="not a valid Triton ModelConfig"):
         parse_config('name: "x"\nbackend: "python"\nmax_batch_size: 8\nno_such_field: 1\n')
     with pytest.raises(CheckpointError, match="not a valid Triton ModelConfig"):
@@ -129,18 +141,19 @@ def test_eagle3_has_no_engine_path_and_options_are_checked(spec, tmp_path):
 def test_plugin_library_is_copied_and_preloaded(spec, tmp_path):
     lib = tmp_path / "libtrtspec_plugins.so"
     lib.write_bytes(b"\x7fELF")  # only copied, never loaded here
-    repo = emit_repository(spec, "trtllm", tmp_path / "repo", engine_dir=Path("/engines"), plugin_library=lib)
+    repo = emit_repository(spec, "trtllm", tmp_path / "repo", engine_dir=Path("/engines"), plugin_library=lib,
+                           options={"max_seq_len": 64})
     rel = "tensorrt_llm/1/plugins/libtrtspec_plugins.so"
     assert (repo / rel).read_bytes() == b"\x7fELF"
     assert _params(load_repository(repo)["tensorrt_llm"])["trtspec_plugin_library"] == rel
     res = CliRunner().invoke(main, ["serve", str(repo)])
     assert res.exit_code == 0, res.output
-    assert f"LD_PRELOAD=/models/{rel}" in res.output and "tritonserver --model-repository=/models" in res.output
+    assert f"LD_PRELOAD=/models/{rel}" in res.output and "bash /models/launch.sh" in res.output
 
 
 def test_plugin_library_built_later_is_still_preloaded(spec, tmp_path):
     repo = emit_repository(spec, "trtllm", tmp_path / "repo", engine_dir=Path("/engines"),
-                           options={"plugin_library_name": "libtrtspec_plugins.so"})
+                           options={"plugin_library_name": "libtrtspec_plugins.so", "max_seq_len": 64})
     res = CliRunner().invoke(main, ["serve", str(repo)])
     assert res.exit_code == 0 and "LD_PRELOAD=/models/tensorrt_llm/1/plugins/libtrtspec_plugins.so" in res.output
     assert "is missing: copy the plugin library there first" in res.output

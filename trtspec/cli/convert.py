@@ -79,12 +79,14 @@ def convert_cmd(target, heads, heads_format, tree, out, tp_size, pp_size, draft_
 @click.option("--kv-cache-fraction", type=float, default=None, help="kv_cache_free_gpu_mem_fraction for Triton.")
 @click.option("--runtime", type=click.Choice(["trtllm", "reference"]), default=None,
               help="Triton repository runtime (default trtllm).")
+@click.option("--decoupled/--no-decoupled", default=None,
+              help="Triton decoupled_mode of the emitted repository (default: decoupled, i.e. streaming).")
 @click.option("--allow-no-gpu", is_flag=True,
               help="Without TensorRT-LLM + GPU: stop after checkpoint, plan and build_engines.sh (exit 0).")
 def build_cmd(target, heads, heads_format, tree, out, tp_size, pp_size, draft_tp_size, dtype, max_draft_len,
               parallel_embedding,
               embedding_sharding_dim, overwrite, no_progress, allow_pickle, preset, max_batch_size, max_input_len,
-              max_seq_len, max_num_tokens, kv_cache_fraction, runtime, allow_no_gpu):
+              max_seq_len, max_num_tokens, kv_cache_fraction, runtime, decoupled, allow_no_gpu):
     """Whole pipeline: validate -> convert -> plugin library -> engines -> Triton repository -> manifest.
 
     Options on the command line override the --config preset. With TensorRT-LLM 1.2.x and a GPU the
@@ -103,7 +105,7 @@ def build_cmd(target, heads, heads_format, tree, out, tp_size, pp_size, draft_tp
         "tree": tree, "tp_size": tp_size, "pp_size": pp_size, "draft_tp_size": draft_tp_size,
         "use_parallel_embedding": parallel_embedding,
         "embedding_sharding_dim": int(embedding_sharding_dim) if embedding_sharding_dim is not None else None,
-        "kv_cache_free_gpu_mem_fraction": kv_cache_fraction, "runtime": runtime})
+        "kv_cache_free_gpu_mem_fraction": kv_cache_fraction, "runtime": runtime, "decoupled": decoupled})
     spec = _load(target, heads, heads_format, options["tree"], options["dtype"], options["tp_size"],
                  options["pp_size"], allow_pickle)
     _, plans = plan_conversion(spec, convert_options(options))

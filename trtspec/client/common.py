@@ -13,8 +13,11 @@ from typing import Any
 from trtspec.errors import UsageError
 
 DEFAULT_MODEL = "ensemble"
+#: what TensorRT-LLM 1.2's backend sends with return_perf_metrics (+ return_num_*_tokens)
 METRIC_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
-                "num_output_tokens")
+                "num_output_tokens", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
+                "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+                "last_token_time_ns")
 
 
 class ServerError(UsageError):
@@ -31,11 +34,15 @@ class GenerateParams:
     end_id: int | None = None
     stop_words: list[str] | None = None
     return_perf_metrics: bool = True
+    #: the token counts are only sent when asked for (return_num_*_tokens), as TensorRT-LLM's backend does
+    return_num_tokens: bool = True
 
     def fields(self, text: str, stream: bool) -> dict[str, Any]:
         """Ensemble input name -> Python value (None fields are left out: the model's default applies)."""
         d: dict[str, Any] = {"text_input": text, "max_tokens": self.max_tokens, "stream": stream,
                              "return_perf_metrics": self.return_perf_metrics}
+        if self.return_num_tokens:
+            d.update(return_num_input_tokens=True, return_num_output_tokens=True)
         for k in ("temperature", "top_k", "top_p", "seed", "end_id"):
             v = getattr(self, k)
             if v is not None:

@@ -16,7 +16,7 @@ from trtspec.client.common import DEFAULT_MODEL, METRIC_NAMES, GenerateParams, G
 
 _TYPES = {"text_input": "BYTES", "stop_words": "BYTES", "max_tokens": "INT32", "top_k": "INT32",
           "end_id": "INT32", "temperature": "FP32", "top_p": "FP32", "seed": "UINT64", "stream": "BOOL",
-          "return_perf_metrics": "BOOL"}
+          "return_perf_metrics": "BOOL", "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL"}
 _NP = {"BYTES": object, "INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": np.bool_}
 
 

@@ -82,7 +82,12 @@ class ExportMode:
     architecture: str = "LlamaForCausalLM"
     engine_mode: str | None = None
     allows_pp: bool = True
+    #: why pp > 1 is refused (shown in the error): a per-kind fact, kept on the kind's class
+    pp_refusal: str = ""
     needs_plugin: bool = False
+    #: the drafter is its own engine served next to the target (Triton: a tensorrt_llm_draft model that
+    #: tensorrt_llm_bls drives), not heads inside the target engine
+    separate_draft_model: bool = False
     model_cls: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -97,7 +102,7 @@ class ExportMode:
             raise UsageError("--tp-size and --pp-size must be >= 1")
         if opts.pp_size > 1 and not self.allows_pp:
             raise UsageError(f"pipeline parallelism is not available for {self.kind} engines "
-                             f"(TensorRT-LLM builds its drafter with tp = world size, pp = 1); use --pp-size 1")
+                             f"({self.pp_refusal}); use --pp-size 1 (and --tp-size for more GPUs)")
         if opts.pp_size > arch.num_hidden_layers:
             raise UsageError(f"--pp-size {opts.pp_size} exceeds the {arch.num_hidden_layers} target layers")
         if opts.tp_size > 1 and arch.num_attention_heads % opts.tp_size:
@@ -159,10 +164,17 @@ class TargetOnly(ExportMode):
 
 class Medusa(ExportMode):
     def __init__(self, kind: str):
-        super().__init__(kind, "MedusaForCausalLM", "medusa")
+        super().__init__(kind, "MedusaForCausalLM", "medusa", allows_pp=False,
+                         pp_refusal="TensorRT-LLM 1.2's MedusaForCausalLM creates the Medusa heads on every "
+                                    "pipeline stage, but their weights exist only on the last one, so the "
+                                    "engine of every other stage cannot load")
 
     def extra_jobs(self, spec: SpecModel, out: N.JobList) -> None:
         """Hook for mtp-linear's norms."""
+
+    def extra_config(self, spec: SpecModel) -> dict[str, Any]:
+        """Hook for mtp-linear's config keys."""
+        return {}
 
     def checkpoints(self, spec, opts):
         self.validate(spec, opts)
@@ -186,7 +198,7 @@ class Medusa(ExportMode):
                         out.on_stage(last, N.medusa_lm_head_name(k)), "heads")
         cfg = self.target_config(spec, opts, m, "MedusaForCausalLM")
         draft_len = self.draft_len(spec, opts)
-        cfg.update(num_medusa_heads=K, num_medusa_layers=L, max_draft_len=draft_len)
+        cfg.update(num_medusa_heads=K, num_medusa_layers=L, max_draft_len=draft_len, **self.extra_config(spec))
         return [CheckpointPlan("", "target", cfg, out, "medusa", draft_len, self.model_cls)]
 
 
@@ -206,10 +218,19 @@ class MtpLinear(Medusa):
         out.add([Source(d.tensors, n) for n in norms], STACK,
                 out.on_stage(out.mapping.pp_size - 1, N.RMSNORM_HEADS_NAME), "heads")
 
+    def extra_config(self, spec: SpecModel) -> dict[str, Any]:
+        """The heads' own RMSNorm epsilon (not the target's norm_epsilon, which the model class would
+        otherwise read): the heads were trained with it."""
+        if not self.needs_plugin:
+            return {}
+        return {N.RMSNORM_HEADS_EPS_KEY: float(spec.drafter.config.get("rms_norm_eps",
+                                                                        spec.target.arch.rms_norm_eps))}
+
 
 class Eagle(ExportMode):
     def __init__(self, kind: str):
-        super().__init__(kind, "EagleForCausalLM", "eagle", allows_pp=False)
+        super().__init__(kind, "EagleForCausalLM", "eagle", allows_pp=False,
+                         pp_refusal="TensorRT-LLM builds its drafter with tp = world size, pp = 1")
 
     def drafter_arch(self, spec: SpecModel) -> LlamaArch:
         a = spec.drafter.arch
@@ -225,6 +246,10 @@ class Eagle(ExportMode):
 
     def extra_drafter_jobs(self, spec, out: N.JobList, prefixes: tuple[str, ...]) -> None:
         """Hook for mtp-single's norms."""
+
+    def extra_config(self, spec: SpecModel) -> dict[str, Any]:
+        """Hook for mtp-single's config keys."""
+        return {}
 
     def tree_shape(self, spec: SpecModel) -> tuple[int, int]:
         """(num_eagle_layers = tree depth, max_non_leaves_per_layer)."""
@@ -263,7 +288,7 @@ class Eagle(ExportMode):
                            opts.embedding_sharding_dim)
         cfg = self.target_config(spec, opts, m, "EagleForCausalLM")
         cfg.update(num_eagle_layers=layers, max_non_leaves_per_layer=non_leaves, max_draft_len=draft_len,
-                   eagle_net_config=net)
+                   eagle_net_config=net, **self.extra_config(spec))
         return [CheckpointPlan("", "target", cfg, out, "eagle", draft_len, self.model_cls)]
 
     def skip_layer_parts(self) -> tuple[str, ...]:
@@ -283,10 +308,20 @@ class MtpSingle(Eagle):
     def skip_layer_parts(self):
         return ()  # the MTP decoder layer keeps its input_layernorm
 
+    #: heads tensor -> the MtpNet RmsNorm it fills (absent when the heads were trained without RMSNorm)
+    NORMS = (("enorm.weight", "enorm"), ("hnorm.weight", "hnorm"), ("norm.weight", "final_norm"))
+
+    def present_norms(self, spec: SpecModel) -> list[str]:
+        return [dst for src, dst in self.NORMS if src in spec.drafter.tensors]
+
+    def extra_config(self, spec):
+        """Which norms the model class must create: only those with weights (a norm it creates but the
+        checkpoint lacks is a required parameter left unset, and the engine refuses to load)."""
+        return {N.MTP_NORMS_KEY: self.present_norms(spec)}
+
     def extra_drafter_jobs(self, spec, out, prefixes):
         d = spec.drafter
-        for src, dst in (("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"),
-                         ("norm.weight", "final_norm.weight")):
+        for src, dst in ((src, f"{dst}.weight") for src, dst in self.NORMS):
             if src in d.tensors:
                 out.add([Source(d.tensors, src)], REPLICATE, out.on_all(tuple(f"{p}{dst}" for p in prefixes)),
                         "heads")
@@ -294,7 +329,7 @@ class MtpSingle(Eagle):
 
 class DraftModel(ExportMode):
     def __init__(self, kind: str):
-        super().__init__(kind, "LlamaForCausalLM", "draft_tokens_external")
+        super().__init__(kind, "LlamaForCausalLM", "draft_tokens_external", separate_draft_model=True)
 
     def checkpoints(self, spec, opts):
         self.validate(spec, opts)

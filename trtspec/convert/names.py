@@ -140,6 +140,9 @@ def medusa_lm_head_name(head: int) -> str:
 #: mtp-linear: the K per-head RMSNorm weights stacked [K, H], the layout the TrtspecRmsNormHeads plugin
 #: (creator "TrtspecRmsNormHeads", version "1", namespace "trtspec") takes as its weight input.
 RMSNORM_HEADS_NAME = "medusa_rmsnorm_heads.weight"
+#: config.json keys trtspec's model classes read (PretrainedConfig keeps unknown keys as attributes)
+RMSNORM_HEADS_EPS_KEY = "trtspec_rmsnorm_heads_eps"  # mtp-linear: the heads' RMSNorm epsilon
+MTP_NORMS_KEY = "trtspec_mtp_norms"  # mtp-single: which of enorm / hnorm / final_norm exist
 
 
 def eagle_prefix(i: int) -> str:

@@ -141,7 +141,8 @@ def emit_triton(spec: SpecModel, root: Path, final_root: Path, options: dict[str
 
     target = next(e for e in plan.engines if e.name == "target")
     # The emitter derives decoding_mode, medusa/eagle choices and max_draft_len from the spec itself.
-    tr_opts = {"max_batch_size": options["max_batch_size"], "max_seq_len": options["max_seq_len"]}
+    tr_opts = {"max_batch_size": options["max_batch_size"], "max_seq_len": options["max_seq_len"],
+               "decoupled_mode": bool(options.get("decoupled", True))}
     runtime = options.get("runtime", "trtllm")
     if runtime == "trtllm":
         tr_opts["kv_cache_free_gpu_mem_fraction"] = options["kv_cache_free_gpu_mem_fraction"]
@@ -149,12 +150,16 @@ def emit_triton(spec: SpecModel, root: Path, final_root: Path, options: dict[str
     if plan.needs_plugin and runtime == "trtllm":
         lib = Path(plan.plugin_library) if plan.plugin_library.startswith("/") else root / plan.plugin_library
         if not lib.is_file():
-            notes.append(f"Triton repository written without the plugin library (not built here); put "
-                         f"{PLUGIN_LIBRARY_NAME} into triton_repo/ as the emitter documents before serving")
+            # still tell the server to preload it (by name): the engines cannot load without its creators
+            notes.append(f"Triton repository written without the plugin library (not built here); copy "
+                         f"{PLUGIN_LIBRARY_NAME} to triton_repo/tensorrt_llm/1/plugins/ before serving")
+            tr_opts["plugin_library_name"] = lib.name
             lib = None
     # the engines' path as the server will see it: the final directory, not the temporary one
     engine_dir = final_root.resolve() / target.output_dir if runtime == "trtllm" else None
-    return emit_repository(spec, runtime, root / "triton_repo", engine_dir, lib, tr_opts)
+    draft = next((e for e in plan.engines if e.name == "draft"), None)
+    draft_dir = final_root.resolve() / draft.output_dir if draft is not None and runtime == "trtllm" else None
+    return emit_repository(spec, runtime, root / "triton_repo", engine_dir, lib, tr_opts, draft_engine_dir=draft_dir)
 
 
 def check_can_build(allow_no_gpu: bool) -> tuple[bool, str]:

@@ -35,7 +35,7 @@ TRTLLM_BUILD_FLAGS = frozenset({
     "--visualize_network", "--dry_run", "--monitor_memory", "--logits_dtype", "--gather_context_logits",
     "--gather_generation_logits", "--gather_all_token_logits", "--lora_dir", "--lora_ckpt_source",
     "--lora_target_modules", "--max_lora_rank", "--speculative_decoding_mode", "--max_draft_len",
-    "--auto_parallel", "--gpus_per_node", "--cluster_key",
+    # (1.2 has no --auto_parallel / --gpus_per_node / --cluster_key: auto parallel was removed before 1.0)
     # tensorrt_llm/plugin/plugin.py cli_plugin_args
     "--bert_attention_plugin", "--gpt_attention_plugin", "--gemm_plugin", "--gemm_swiglu_plugin",
     "--fp8_rowwise_gemm_plugin", "--lora_plugin", "--dora_plugin", "--moe_plugin", "--mamba_conv1d_plugin",
@@ -70,6 +70,14 @@ class EngineBuild:
     gpus_per_node: int = 8
     model_cls_name: str | None = None
 
+    def workers(self) -> int:
+        """trtllm-build --workers. With a --model_cls_file class, 1: trtllm-build loads that file under the
+        module name ``models`` in its own process only, and its parallel workers (spawned processes that
+        receive the class pickled by reference) cannot import it, so ranks are built one after another."""
+        if self.model_cls_name:
+            return 1
+        return max(1, min(self.world_size, self.gpus_per_node))
+
     def argv(self, root: str = "$HERE") -> list[str]:
         """The trtllm-build arguments; ``root`` prefixes the relative paths (the script's own dir)."""
         a = ["--checkpoint_dir", f"{root}/{self.checkpoint_dir}", "--output_dir", f"{root}/{self.output_dir}",
@@ -84,7 +92,7 @@ class EngineBuild:
                   "--max_draft_len", str(self.max_draft_len)]
         if self.model_cls_name:
             a += ["--model_cls_file", f"{root}/{MODEL_CLS_FILE}", "--model_cls_name", self.model_cls_name]
-        a += ["--workers", str(min(self.world_size, self.gpus_per_node)), "--log_level", "info"]
+        a += ["--workers", str(self.workers()), "--log_level", "info"]
         unknown = [x for x in a if x.startswith("--") and x not in TRTLLM_BUILD_FLAGS]
         if unknown:  # guards against a typo in this file ever reaching a GPU machine
             raise RuntimeError(f"internal: not a trtllm-build 1.2 flag: {unknown}")

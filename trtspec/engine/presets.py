@@ -35,6 +35,7 @@ KEYS: dict[str, tuple[tuple[type, ...], Any, str]] = {
     "embedding_sharding_dim": ((int,), 0, "0 = shard the vocab, 1 = shard the hidden dim"),
     "kv_cache_free_gpu_mem_fraction": ((float,), 0.9, "Triton tensorrt_llm parameter"),
     "runtime": ((str,), "trtllm", "Triton repository runtime: trtllm | reference"),
+    "decoupled": ((bool,), True, "Triton decoupled_mode: streaming (true) or plain unary requests (false)"),
     "gpus_per_node": ((int,), 8, "GPUs per node (TensorRT-LLM mapping)"),
 }
 DTYPES = ("float16", "bfloat16", "float32")

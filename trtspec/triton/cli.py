@@ -12,7 +12,10 @@ import click
 
 from trtspec.errors import CheckpointError, UsageError
 
-DEFAULT_CONTAINER = "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3"
+from trtspec.triton.launch import LAUNCH_SCRIPT, TRTLLM_IMAGE
+
+#: the image that ships TensorRT-LLM 1.2.1, the version the engines are built with
+DEFAULT_CONTAINER = TRTLLM_IMAGE
 
 
 def _read_spec_file(path: Path) -> dict:
@@ -56,13 +59,22 @@ def triton_group() -> None:
               help="Repository directory to write (replaced atomically if it is a trtspec repository).")
 @click.option("--engine-dir", type=click.Path(path_type=Path), default=None,
               help="trtllm: the engines' directory as the server will see it.")
+@click.option("--draft-engine-dir", type=click.Path(path_type=Path), default=None,
+              help="trtllm, draft-model heads: the draft engine's directory as the server will see it.")
 @click.option("--plugin-library", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="trtllm: the project's TensorRT plugin library (copied in, preloaded by the server).")
 @click.option("--max-batch-size", type=int, default=8, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="reference: cpu, cuda, cuda:N or auto.")
 @click.option("--no-speculative", is_flag=True, help="reference: plain decoding with the same model (baseline).")
-def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_dir, engine_dir, plugin_library,
-             max_batch_size, device, no_speculative) -> None:
+@click.option("--decoupled/--no-decoupled", default=True, show_default=True,
+              help="TensorRT-LLM's decoupled_mode: decoupled streams (gRPC, generate_stream); not decoupled "
+                   "serves plain unary requests (HTTP /infer and /generate on the ensemble).")
+@click.option("--max-seq-len", type=int, default=None,
+              help="The engine's max_seq_len (trtllm-build --max_seq_len). Default: the engine's config.json; "
+                   "reference: the model's max_position_embeddings.")
+def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_dir, engine_dir, draft_engine_dir,
+             plugin_library,
+             max_batch_size, device, no_speculative, decoupled, max_seq_len) -> None:
     """Fill the Triton templates for a target + heads, validate every config.pbtxt against Triton's
     ModelConfig schema, and write the repository (preprocessing, tensorrt_llm, postprocessing, ensemble,
     tensorrt_llm_bls)."""
@@ -80,28 +92,36 @@ def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_d
         raise UsageError("give the model: --spec DIR_OR_FILE or --target DIR")
     spec = load_spec_model(fields["target"], fields.get("heads"), heads_format=fields.get("heads_format"),
                            tree=fields.get("tree"), dtype=fields.get("dtype") if runtime == "reference" else None)
-    options = {"triton_max_batch_size": max_batch_size, "speculative": not no_speculative}
+    options = {"triton_max_batch_size": max_batch_size, "speculative": not no_speculative,
+               "decoupled_mode": decoupled}
+    if max_seq_len is not None:
+        if max_seq_len < 1:
+            raise UsageError("--max-seq-len must be >= 1")
+        options["max_seq_len"] = max_seq_len
     if runtime == "reference":
         options["trtspec_device"] = device
     repo = emit_repository(spec, runtime, out_dir, engine_dir=engine_dir, plugin_library=plugin_library,
-                           options=options)
+                           options=options, draft_engine_dir=draft_engine_dir)
     click.echo(f"wrote {runtime} Triton repository {repo} ({spec.describe()})")
     click.echo(f"serve it with: trtspec serve {shlex.quote(str(repo))}")
 
 
 def container_command(repo: Path, manifest: dict, http_port: int, grpc_port: int, metrics_port: int,
                       image: str = DEFAULT_CONTAINER) -> str:
-    """The docker command that serves a trtllm repository (engines + plugin library preloaded)."""
+    """The docker command that serves a trtllm repository: the 1.2.1 image runs the repository's
+    launch.sh, which starts one tritonserver rank per GPU of the engine under mpirun (plugin library
+    preloaded)."""
     repo = Path(repo).resolve()
-    parts = ["docker", "run", "--rm", "-it", "--gpus", "all", "--shm-size=2g", "--net", "host",
-             "-v", f"{repo}:/models"]
-    engine = manifest.get("engine_dir")
-    if engine and Path(engine).is_absolute():
-        parts += ["-v", f"{engine}:{engine}"]
+    parts = ["docker", "run", "--rm", "-it", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
+             "--net", "host", "-e", "TRTSPEC_INSIDE=1", "-v", f"{repo}:/models"]
+    for key in ("engine_dir", "draft_engine_dir"):
+        engine = manifest.get(key)
+        if engine and Path(engine).is_absolute():
+            parts += ["-v", f"{engine}:{engine}"]
     if manifest.get("plugin_library"):
         parts += ["-e", f"LD_PRELOAD=/models/{manifest['plugin_library']}"]
-    parts += [image, "tritonserver", "--model-repository=/models", f"--http-port={http_port}",
-              f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}"]
+    parts += [image, "bash", f"/models/{LAUNCH_SCRIPT}", "--http-port", str(http_port), "--grpc-port",
+              str(grpc_port), "--metrics-port", str(metrics_port)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -134,6 +154,9 @@ def serve_cmd(repo, http_port, grpc_port, metrics_port, install, log_file, timeo
                    "on a machine with a GPU and the engines run:")
         click.echo(container_command(repo, manifest, http_port or 8000, grpc_port or 8001, metrics_port or 8002,
                                      image))
+        click.echo(f"(or run {repo / LAUNCH_SCRIPT} there; it starts {image} itself. The image ships "
+                   f"TensorRT-LLM 1.2.1, the version of the engines; launch.sh runs one MPI rank per GPU of the "
+                   f"engine)")
         lib = manifest.get("plugin_library")
         if lib and not (repo / lib).is_file():
             click.echo(f"warning: {repo / lib} is missing: copy the plugin library there first (the engines "
@@ -150,7 +173,8 @@ def serve_cmd(repo, http_port, grpc_port, metrics_port, install, log_file, timeo
         click.echo(f"starting tritonserver for {repo} (log: {log_file or 'temporary file'}) ...", err=True)
         with server:
             click.echo(f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
-            click.echo(f"  try: trtspec client stream --url {server.http_url} \"Hello\"")
+            verb = "stream" if manifest.get("decoupled", True) else "generate"  # unary only when not decoupled
+            click.echo(f"  try: trtspec client {verb} --url {server.http_url} \"Hello\"")
             click.echo("  Ctrl-C stops the server", err=True)
             while server.is_alive():
                 time.sleep(0.5)

@@ -33,6 +33,7 @@ class Reply:
     target_steps: int = 0
     num_output_tokens: int = 0
     arrival_ns: int = 0
+    scheduled_ns: int = 0  # when its batch started (TensorRT-LLM's first_scheduled_time_ns)
     first_token_ns: int = 0
     last_token_ns: int = 0
 
@@ -74,6 +75,7 @@ class _Live:
         self.spec_nodes = spec_nodes
         self.first_ns = 0
         self.last_ns = 0
+        self.scheduled_ns = time.time_ns()
 
     def _stop_hit(self) -> int | None:
         """Length to cut at if a stop sequence ends inside the tokens so far (kept, like TensorRT-LLM)."""
@@ -119,6 +121,7 @@ class _Live:
         return Reply(tokens=tokens, final=final, accepted_draft_tokens=self.accepted,
                      draft_tokens=self.steps * self.spec_nodes, target_steps=self.steps,
                      num_output_tokens=len(self.tokens), arrival_ns=self.req.arrival_ns,
+                     scheduled_ns=self.scheduled_ns,
                      first_token_ns=self.first_ns, last_token_ns=self.last_ns)
 
 

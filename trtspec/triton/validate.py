@@ -14,6 +14,12 @@ from pathlib import Path
 from trtspec.errors import CheckpointError, UsageError
 
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
+#: parameters the tensorrtllm backend cannot do without (model_instance_state.cc: the engine path and
+#: gpt_model_type are read unconditionally)
+TRTLLM_REQUIRED_PARAMETERS = ("gpt_model_path", "gpt_model_type")
+#: an unset parameter as TensorRT-LLM's fill_template leaves it: the whole string_value is one placeholder
+UNSET_PARAMETER = re.compile(r'^\s*parameters\s*:?\s*\{\s*key:\s*"[^"]+"\s*value:\s*\{\s*string_value:\s*'
+                             r'"\$\{[A-Za-z0-9_]+\}"\s*\}\s*\}\s*$')
 
 
 def _proto():
@@ -27,12 +33,15 @@ def _proto():
 
 
 def parse_config(text: str, path: str | Path = "config.pbtxt"):
-    """Parse one config.pbtxt strictly; unfilled placeholders and schema errors name the file and line."""
+    """Parse one config.pbtxt strictly; unfilled placeholders and schema errors name the file and line.
+
+    The one placeholder allowed is a whole ``parameters`` string_value: an optional parameter left unset
+    the way upstream's fill_template leaves it (the tensorrtllm backend reads that text as "not set")."""
     text_format, pb = _proto()
     for lineno, line in enumerate(text.splitlines(), 1):
         code = line.split("#", 1)[0]
         m = PLACEHOLDER.search(code)
-        if m:
+        if m and not UNSET_PARAMETER.match(code):
             raise CheckpointError(f"line {lineno}: placeholder ${{{m.group(1)}}} was not filled", path,
                                   f"give a value for {m.group(1)!r}")
     cfg = pb.ModelConfig()
@@ -40,6 +49,14 @@ def parse_config(text: str, path: str | Path = "config.pbtxt"):
         text_format.Parse(text, cfg)
     except text_format.ParseError as exc:
         raise CheckpointError(f"not a valid Triton ModelConfig: {exc}", path) from None
+    if cfg.backend == "tensorrtllm":
+        for key in TRTLLM_REQUIRED_PARAMETERS:
+            value = cfg.parameters[key].string_value if key in cfg.parameters else ""
+            m = PLACEHOLDER.fullmatch(value)
+            if not value or m:
+                raise CheckpointError(f"parameter {key!r} is not set"
+                                      + (f" (placeholder ${{{m.group(1)}}} was not filled)" if m else ""), path,
+                                      "the tensorrtllm backend cannot load the model without it")
     return cfg
 
 

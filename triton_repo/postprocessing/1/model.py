@@ -49,7 +49,9 @@ class TritonPythonModel:
                         n = int(lengths[b, beam])
                         ids = tokens[b, beam, :n].tolist()
                         texts.append(self.tokenizer.decode(ids, skip_special_tokens=self.skip_special))
-                out = np.array([t.encode("utf-8") for t in texts], dtype=object).reshape(tokens.shape[0], -1)
+                # flat [batch * beams], as upstream's postprocessing sends it: the stock clients read
+                # text_output[0] as one string
+                out = np.array([t.encode("utf-8") for t in texts], dtype=object)
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", out)]))
             except Exception as exc:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"postprocessing: {exc}")))

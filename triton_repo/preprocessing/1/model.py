@@ -25,6 +25,11 @@ def _resolve(path, model_dir):
     return os.path.normpath(os.path.join(os.path.dirname(model_dir), path))
 
 
+#: upstream preprocessing inputs for multimodal / encoder-decoder / embedding-bias / prompt-table models
+UNSUPPORTED_INPUTS = ("DECODER_QUERY", "IMAGE_BYTES", "IMAGE_URL", "IMAGES", "VIDEO_BYTES", "EMBEDDING_BIAS_WORDS",
+                      "EMBEDDING_BIAS_WEIGHTS", "PROMPT_TABLE_EXTRA_ID")
+
+
 def _first(request, name):
     t = pb_utils.get_input_tensor_by_name(request, name)
     return None if t is None else t.as_numpy()
@@ -64,6 +69,10 @@ class TritonPythonModel:
         self.pad_id = pad if pad is not None else self.end_id
 
     def _one(self, request):
+        for name in UNSUPPORTED_INPUTS:  # accepted by the schema (upstream's), refused with a reason here
+            arr = _first(request, name)
+            if arr is not None and arr.size:
+                raise ValueError(f"{name} is not supported by this text-only deployment")
         query = _first(request, "QUERY")
         out_len = _first(request, "REQUEST_OUTPUT_LEN")
         batch = query.shape[0]

@@ -1,9 +1,13 @@
 """Triton python-backend model `tensorrt_llm` for trtspec's `reference` runtime.
 
 Same tensors as TensorRT-LLM's tensorrtllm backend (see config.pbtxt), served by trtspec's PyTorch
-reference runtime on CPU or GPU. Decoupled: a streaming request gets one response per target step with
-the tokens committed in that step; a non-streaming request gets one response with all of them. With
-return_perf_metrics each response carries the speculative counters so far (the last one the totals).
+reference runtime on CPU or GPU. Decoupled (decoupled_mode true): a streaming request gets one response per
+target step with the tokens committed in that step; a non-streaming request gets one response with all of
+them. Not decoupled: execute answers every request of the batch with one response, so plain unary requests
+(HTTP /infer, /generate) work. With return_perf_metrics each response carries the perf outputs the C++
+backend sends (KV-cache block counts, timestamps, speculative counters so far); with
+return_num_input_tokens / return_num_output_tokens the token counts. batch_index and sequence_index are
+always sent, as the C++ backend does.
 
 The heavy lifting is in trtspec.triton.reference_backend (no Triton imports, tested in-process); this file
 only converts tensors to requests and replies to responses, and turns bad requests into clear errors.
@@ -45,8 +49,7 @@ class TritonPythonModel:
 
         cfg = json.loads(args["model_config"])
         self.model_config = cfg
-        if not pb_utils.using_decoupled_model_transaction_policy(cfg):
-            raise pb_utils.TritonModelException("tensorrt_llm (reference): the model must be decoupled")
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         target = _param(cfg, "trtspec_target_dir")
         heads = _param(cfg, "trtspec_heads_dir") or None
         kind = _param(cfg, "trtspec_drafter_kind") or None
@@ -76,6 +79,8 @@ class TritonPythonModel:
                                         max_batch_size=max(1, int(cfg.get("max_batch_size", 1) or 1)),
                                         batch_window_s=window_ms / 1000.0)
         self.perf_outputs = {o["name"] for o in cfg.get("output", [])}
+        # KV-cache block size for the perf outputs: trtllm-build's --tokens_per_block default
+        self.tokens_per_block = 32
 
     # request -> GenRequest -----------------------------------------------------------------------
     def _parse(self, request, sender):
@@ -111,8 +116,8 @@ class TritonPythonModel:
                 raise ValueError(f"{name}={v} is not supported by the reference runtime (use {neutral})")
         if _scalar(request, "min_tokens", 0, int) > 1:
             raise ValueError("min_tokens is not supported by the reference runtime")
-        if _get(request, "draft_input_ids") is not None:
-            raise ValueError("draft_input_ids is not supported: the reference runtime drafts with its own heads")
+        # draft_input_ids (a separate draft model, driven by tensorrt_llm_bls) are accepted: the target's
+        # greedy output does not depend on which tokens were proposed, so the reference decodes on its own
         bad = _get(request, "bad_words_list")
         if bad is not None and bad.size and (bad.reshape(-1, 2, bad.shape[-1])[0, 1] > 0).any():
             raise ValueError("bad_words is not supported by the reference runtime")
@@ -139,40 +144,58 @@ class TritonPythonModel:
         self_exclude = _scalar(request, "exclude_input_in_output", self.default_exclude_input, bool)
         streaming = _scalar(request, "streaming", False, bool)
         perf = _scalar(request, "return_perf_metrics", False, bool)
-        state = {"prompt": prompt, "exclude": self_exclude or streaming, "perf": perf}
-        return GenRequest(prompt=prompt, max_new_tokens=max_new, streaming=streaming,
-                          temperature=temperature, top_k=top_k, top_p=top_p,
-                          seed=_scalar(request, "seed", 0, int), end_id=end_id, stop_sequences=stops,
-                          emit=lambda reply: self._send(sender, reply, state),
-                          cancelled=getattr(sender, "is_cancelled", lambda: False))
+        state = {"prompt": prompt, "exclude": self_exclude or streaming, "perf": perf,
+                 "n_in": _scalar(request, "return_num_input_tokens", False, bool),
+                 "n_out": _scalar(request, "return_num_output_tokens", False, bool),
+                 "block": self.tokens_per_block}
+        req = GenRequest(prompt=prompt, max_new_tokens=max_new, streaming=streaming,
+                         temperature=temperature, top_k=top_k, top_p=top_p,
+                         seed=_scalar(request, "seed", 0, int), end_id=end_id, stop_sequences=stops,
+                         emit=lambda reply: self._send(sender, reply, state),
+                         cancelled=getattr(sender, "is_cancelled", lambda: False))
+        req.state = state  # the unary path builds its response from it
+        return req
 
     # Reply -> response ---------------------------------------------------------------------------
+    def _response(self, reply, state):
+        """The InferenceResponse for one Reply (tensors [1, ...]: a batch of one, as the C++ backend sends)."""
+        if reply.error:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error))
+        tokens = reply.tokens if state["exclude"] else state["prompt"] + reply.tokens
+        out = [pb_utils.Tensor("output_ids", np.array(tokens, np.int32).reshape(1, 1, -1)),
+               pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], np.int32)),
+               pb_utils.Tensor("batch_index", np.array([[0]], np.int32)),
+               pb_utils.Tensor("sequence_index", np.array([[0]], np.int32))]
+        if state["perf"]:
+            # the reference runtime keeps no paged KV cache: report the blocks a paged cache of
+            # tokens_per_block would hold for this sequence, none of them reused
+            blocks = -(-(len(state["prompt"]) + reply.num_output_tokens) // state["block"])
+            i32 = {"kv_cache_alloc_new_blocks": blocks, "kv_cache_reused_blocks": 0,
+                   "kv_cache_alloc_total_blocks": blocks,
+                   "total_accepted_draft_tokens": reply.accepted_draft_tokens,
+                   "total_draft_tokens": reply.draft_tokens}
+            i64 = {"arrival_time_ns": reply.arrival_ns, "first_scheduled_time_ns": reply.scheduled_ns,
+                   "first_token_time_ns": reply.first_token_ns, "last_token_time_ns": reply.last_token_ns}
+            out += [pb_utils.Tensor(k, np.array([[v]], np.int32)) for k, v in i32.items()]
+            out += [pb_utils.Tensor(k, np.array([[v]], np.int64)) for k, v in i64.items()]
+            out.append(pb_utils.Tensor("acceptance_rate", np.array([[reply.acceptance_rate]], np.float32)))
+        if state["n_in"]:
+            out.append(pb_utils.Tensor("num_input_tokens", np.array([[len(state["prompt"])]], np.int32)))
+        if state["n_out"]:
+            out.append(pb_utils.Tensor("num_output_tokens", np.array([[reply.num_output_tokens]], np.int32)))
+        return pb_utils.InferenceResponse(out)
+
     def _send(self, sender, reply, state):
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if reply.final else 0
-        if reply.error:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error)), flags=flags)
-            return
-        if reply.final and not reply.tokens and state.get("sent"):
+        if reply.final and not reply.tokens and state.get("sent") and not reply.error:
             sender.send(flags=flags)  # streaming: everything was sent already
             return
         state["sent"] = True
-        tokens = reply.tokens if state["exclude"] else state["prompt"] + reply.tokens
-        out = [pb_utils.Tensor("output_ids", np.array(tokens, np.int32).reshape(1, 1, -1)),
-               pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], np.int32))]
-        if state["perf"]:
-            out += [pb_utils.Tensor("acceptance_rate", np.array([[reply.acceptance_rate]], np.float32)),
-                    pb_utils.Tensor("total_accepted_draft_tokens",
-                                    np.array([[reply.accepted_draft_tokens]], np.int32)),
-                    pb_utils.Tensor("total_draft_tokens", np.array([[reply.draft_tokens]], np.int32)),
-                    pb_utils.Tensor("arrival_time_ns", np.array([[reply.arrival_ns]], np.int64)),
-                    pb_utils.Tensor("first_token_time_ns", np.array([[reply.first_token_ns]], np.int64)),
-                    pb_utils.Tensor("last_token_time_ns", np.array([[reply.last_token_ns]], np.int64))]
-        if reply.final:
-            out += [pb_utils.Tensor("num_input_tokens", np.array([[len(state["prompt"])]], np.int32)),
-                    pb_utils.Tensor("num_output_tokens", np.array([[reply.num_output_tokens]], np.int32))]
-        sender.send(pb_utils.InferenceResponse(out), flags=flags)
+        sender.send(self._response(reply, state), flags=flags)
 
     def execute(self, requests):
+        if not self.decoupled:
+            return self._execute_unary(requests)
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -184,6 +207,39 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {exc}")),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
+
+    def _execute_unary(self, requests):
+        """Not decoupled: one response per request, returned from execute (requests still batch together)."""
+        import threading
+
+        class _Collect:  # stands in for a response sender: keeps the final reply of a non-streaming run
+            def __init__(self):
+                self.done = threading.Event()
+                self.reply = None
+
+        slots, responses = [], [None] * len(requests)
+        for i, request in enumerate(requests):
+            try:
+                if _scalar(request, "streaming", False, bool):
+                    raise ValueError("streaming needs the decoupled model (emit with --decoupled)")
+                slot = _Collect()
+                gen = self._parse(request, slot)
+
+                def emit(reply, slot=slot):
+                    if reply.final:
+                        slot.reply = reply
+                        slot.done.set()
+
+                gen.emit = emit
+                slots.append((i, slot, gen))
+            except Exception as exc:
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {exc}"))
+        for _, _, gen in slots:
+            self.backend.submit(gen)
+        for i, slot, gen in slots:
+            slot.done.wait()
+            responses[i] = self._response(slot.reply, gen.state)
+        return responses
 
     def finalize(self):
         backend = getattr(self, "backend", None)

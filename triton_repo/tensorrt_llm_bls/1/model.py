@@ -1,38 +1,58 @@
 """Triton python-backend model `tensorrt_llm_bls`: text in, text out, driven from Python.
 
-Calls `preprocessing`, then `tensorrt_llm` (decoupled, streaming or not), then `postprocessing`, like the
-ensemble, but with accumulate_tokens=true it decodes all tokens so far at every step and sends only the
-new text: concatenated stream pieces then equal the decoded full output exactly, even for tokenizers
-whose pieces do not decode independently (SentencePiece spaces, UTF-8 characters split across tokens).
+Calls `preprocessing`, then `tensorrt_llm` (streaming or not), then `postprocessing`, like the ensemble, but
+with accumulate_tokens=true it decodes all tokens so far at every step and sends only the new text:
+concatenated stream pieces then equal the decoded full output exactly, even for tokenizers whose pieces do
+not decode independently (SentencePiece spaces, UTF-8 characters split across tokens).
 
-Self-contained (numpy only) so it also runs in NVIDIA's TensorRT-LLM container. Each request runs on its
-own thread so one instance serves many concurrent streams.
+With `tensorrt_llm_draft_model_name` set (draft-model deployments) and a request's `num_draft_tokens` > 0,
+it runs draft-target speculative decoding the way TensorRT-LLM's BLS does: the draft model proposes
+num_draft_tokens greedily, the target verifies them in one request (`draft_input_ids`) and returns the
+accepted tokens plus one of its own, until max_tokens or the end token.
+
+Works decoupled (one response per piece) or not (one response per request), like upstream's BLS, and
+answers every request with batch_index / sequence_index and the perf outputs the target sends.
+Self-contained (numpy only) so it also runs in NVIDIA's TensorRT-LLM container. Each decoupled request runs
+on its own thread so one instance serves many concurrent streams.
 """
 
 import json
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# ensemble-style input name -> (model, that model's input name)
+# ensemble-style input name -> preprocessing input
 PRE_INPUTS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
-              "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID"}
+              "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID",
+              "decoder_text_input": "DECODER_QUERY", "embedding_bias_words": "EMBEDDING_BIAS_WORDS",
+              "embedding_bias_weights": "EMBEDDING_BIAS_WEIGHTS", "prompt_table_extra_id": "PROMPT_TABLE_EXTRA_ID",
+              "image_bytes_input": "IMAGE_BYTES", "image_url_input": "IMAGE_URL",
+              "video_bytes_input": "VIDEO_BYTES"}
+# ensemble-style input name -> tensorrt_llm input
 LLM_INPUTS = {"exclude_input_in_output": "exclude_input_in_output", "top_k": "runtime_top_k",
               "top_p": "runtime_top_p", "temperature": "temperature", "length_penalty": "len_penalty",
               "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens",
               "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed",
               "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
               "return_generation_logits": "return_generation_logits",
-              "return_perf_metrics": "return_perf_metrics", "num_return_sequences": "num_return_sequences",
-              "beam_width": "beam_width", "stream": "streaming"}
+              "return_perf_metrics": "return_perf_metrics", "return_num_input_tokens": "return_num_input_tokens",
+              "return_num_output_tokens": "return_num_output_tokens",
+              "num_return_sequences": "num_return_sequences", "beam_width": "beam_width", "stream": "streaming",
+              "prompt_embedding_table": "prompt_embedding_table", "prompt_vocab_size": "prompt_vocab_size",
+              "lora_task_id": "lora_task_id", "lora_weights": "lora_weights", "lora_config": "lora_config",
+              "guided_decoding_guide_type": "guided_decoding_guide_type",
+              "guided_decoding_guide": "guided_decoding_guide"}
 PRE_TO_LLM = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
               "REQUEST_OUTPUT_LEN": "request_output_len", "OUT_END_ID": "end_id", "OUT_PAD_ID": "pad_id",
               "STOP_WORDS_IDS": "stop_words_list", "BAD_WORDS_IDS": "bad_words_list"}
-PASS_THROUGH = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
-                "num_output_tokens", "batch_index", "sequence_index", "cum_log_probs", "output_log_probs")
-# tensors whose leading dim is the batch and carry a scalar per request: the LLM model reshapes them to []
-SCALAR_LLM_INPUTS = {"input_lengths", "request_output_len", "end_id", "pad_id"}
+PERF = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
+        "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
+        "total_accepted_draft_tokens", "total_draft_tokens")
+PASS_THROUGH = (*PERF, "num_input_tokens", "num_output_tokens", "cum_log_probs", "output_log_probs",
+                "batch_index", "sequence_index",
+                "context_logits", "generation_logits")
 
 
 def _param(cfg, key, default=""):
@@ -40,15 +60,19 @@ def _param(cfg, key, default=""):
     return default if value.startswith("${") else value
 
 
+def _scalar(request, name, default):
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None or t.as_numpy().size == 0:
+        return default
+    return t.as_numpy().reshape(-1)[0]
+
+
 class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])
         self.accumulate = _param(cfg, "accumulate_tokens", "true").lower() in ("1", "true", "yes")
         self.llm_name = _param(cfg, "tensorrt_llm_model_name", "tensorrt_llm") or "tensorrt_llm"
-        if _param(cfg, "tensorrt_llm_draft_model_name"):
-            raise pb_utils.TritonModelException(
-                "tensorrt_llm_bls: a separate draft model is not supported; the draft comes from the "
-                "tensorrt_llm model's own heads (leave tensorrt_llm_draft_model_name empty)")
+        self.draft_name = _param(cfg, "tensorrt_llm_draft_model_name") or None
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.threads = set()
         self.lock = threading.Lock()
@@ -82,24 +106,34 @@ class TritonPythonModel:
 
     def _run_sync(self, request):
         try:
-            responses = list(self._generate(request))
-            return responses[-1]
+            if bool(_scalar(request, "stream", False)):
+                raise ValueError("stream=true needs the decoupled model (emit with --decoupled)")
+            return list(self._generate(request))[-1]
         except Exception as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
 
-    def _call(self, model, inputs, outputs, decoupled=False):
+    def _call(self, model, inputs, outputs):
+        """One request to another model; yields its responses (a decoupled model may send several)."""
         req = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs)
-        if decoupled:
-            return req.exec(decoupled=True)
-        resp = req.exec()
-        if resp.has_error():
-            raise RuntimeError(resp.error().message())
-        return resp
+        for resp in req.exec(decoupled=True):
+            if resp.has_error():
+                raise RuntimeError(resp.error().message())
+            yield resp
+
+    def _call_one(self, model, inputs, outputs):
+        """The one response of a non-streaming request (a decoupled model ends with an empty final one)."""
+        found = None
+        for resp in self._call(model, inputs, outputs):
+            if resp.output_tensors():
+                found = resp
+        if found is None:
+            raise RuntimeError(f"{model} sent no response")
+        return found
 
     def _detok(self, tokens):
-        resp = self._call("postprocessing",
-                          [pb_utils.Tensor("TOKENS_BATCH", np.array(tokens, np.int32).reshape(1, 1, -1)),
-                           pb_utils.Tensor("SEQUENCE_LENGTH", np.array([[len(tokens)]], np.int32))], ["OUTPUT"])
+        resp = self._call_one("postprocessing",
+                              [pb_utils.Tensor("TOKENS_BATCH", np.array(tokens, np.int32).reshape(1, 1, -1)),
+                               pb_utils.Tensor("SEQUENCE_LENGTH", np.array([[len(tokens)]], np.int32))], ["OUTPUT"])
         out = pb_utils.get_output_tensor_by_name(resp, "OUTPUT").as_numpy().reshape(-1)[0]
         return out.decode("utf-8", errors="replace") if isinstance(out, bytes) else str(out)
 
@@ -110,34 +144,26 @@ class TritonPythonModel:
             t = pb_utils.get_input_tensor_by_name(request, outer)
             if t is not None:
                 pre_in.append(pb_utils.Tensor(inner, t.as_numpy()))
-        pre = self._call("preprocessing", pre_in, list(PRE_TO_LLM))
-        llm_in = []
-        for inner, llm in PRE_TO_LLM.items():
-            arr = pb_utils.get_output_tensor_by_name(pre, inner).as_numpy()
-            llm_in.append(pb_utils.Tensor(llm, arr))
-        stream = False
+        pre = self._call_one("preprocessing", pre_in, list(PRE_TO_LLM))
+        pre_out = {inner: pb_utils.get_output_tensor_by_name(pre, inner).as_numpy() for inner in PRE_TO_LLM}
+        llm_in = [pb_utils.Tensor(llm, pre_out[inner]) for inner, llm in PRE_TO_LLM.items()]
+        stream = bool(_scalar(request, "stream", False))
         for outer, inner in LLM_INPUTS.items():
             t = pb_utils.get_input_tensor_by_name(request, outer)
             if t is not None:
                 arr = t.as_numpy()
-                llm_in.append(pb_utils.Tensor(inner, arr.reshape(arr.shape[0], 1) if arr.ndim else arr))
-                if outer == "stream":
-                    stream = bool(arr.reshape(-1)[0])
-        wanted = ["output_ids", "sequence_length", *PASS_THROUGH]
+                llm_in.append(pb_utils.Tensor(inner, arr.reshape(arr.shape[0], 1) if arr.ndim == 1 else arr))
+        num_draft = int(_scalar(request, "num_draft_tokens", 0))
+        if num_draft > 0 and self.draft_name is None:
+            raise ValueError("num_draft_tokens needs a draft model (tensorrt_llm_draft_model_name is not set)")
+        if num_draft > 0:
+            chunks = self._speculate(pre_out, llm_in, num_draft, request)
+        else:
+            chunks = self._plain(llm_in)
         tokens, emitted, extra = [], "", []
-        for resp in self._call(self.llm_name, llm_in, wanted, decoupled=True):
-            if resp.has_error():
-                raise RuntimeError(resp.error().message())
-            ids_t = pb_utils.get_output_tensor_by_name(resp, "output_ids")
-            if ids_t is None:  # the empty final response of a decoupled model
-                continue
-            ids = ids_t.as_numpy()
-            n = int(pb_utils.get_output_tensor_by_name(resp, "sequence_length").as_numpy().reshape(-1)[0])
-            chunk = ids.reshape(-1)[:n].tolist()
-            extra = [pb_utils.Tensor(name, pb_utils.get_output_tensor_by_name(resp, name).as_numpy())
-                     for name in PASS_THROUGH if pb_utils.get_output_tensor_by_name(resp, name) is not None]
+        for chunk, extra in chunks:
             if not stream:
-                tokens = chunk
+                tokens.extend(chunk)
                 continue
             if self.accumulate:
                 tokens.extend(chunk)
@@ -152,10 +178,88 @@ class TritonPythonModel:
         if not stream:
             yield self._text_response(self._detok(tokens), extra)
 
+    def _plain(self, llm_in):
+        """(tokens, pass-through tensors) per response of the target."""
+        wanted = ["output_ids", "sequence_length", *PASS_THROUGH]
+        for resp in self._call(self.llm_name, llm_in, wanted):
+            ids_t = pb_utils.get_output_tensor_by_name(resp, "output_ids")
+            if ids_t is None:  # the empty final response of a decoupled model
+                continue
+            n = int(pb_utils.get_output_tensor_by_name(resp, "sequence_length").as_numpy().reshape(-1)[0])
+            extra = [pb_utils.Tensor(name, pb_utils.get_output_tensor_by_name(resp, name).as_numpy())
+                     for name in PASS_THROUGH if pb_utils.get_output_tensor_by_name(resp, name) is not None]
+            yield ids_t.as_numpy().reshape(-1)[:n].tolist(), extra
+
+    def _speculate(self, pre_out, llm_in, num_draft, request):
+        """Draft-target loop: (accepted tokens, perf tensors) per verification step."""
+        n_in = int(pre_out["REQUEST_INPUT_LEN"].reshape(-1)[0])
+        prompt = pre_out["INPUT_ID"].reshape(-1)[:n_in].tolist()
+        max_new = int(pre_out["REQUEST_OUTPUT_LEN"].reshape(-1)[0])
+        end_id = int(pre_out["OUT_END_ID"].reshape(-1)[0])
+        # per-request options for the target (sampling, perf flags), minus what the loop sets itself
+        fixed = {"input_ids", "input_lengths", "request_output_len", "streaming", "exclude_input_in_output"}
+        options = [t for t in llm_in if t.name() not in fixed]
+        perf = bool(_scalar(request, "return_perf_metrics", False))
+        arrival = time.time_ns()
+        first_token_ns = 0
+        generated, drafted, accepted = [], 0, 0
+
+        def inputs(seq, n_out):
+            return [pb_utils.Tensor("input_ids", np.array([seq], np.int32)),
+                    pb_utils.Tensor("input_lengths", np.array([[len(seq)]], np.int32)),
+                    pb_utils.Tensor("request_output_len", np.array([[n_out]], np.int32)),
+                    pb_utils.Tensor("streaming", np.array([[False]], bool)),
+                    pb_utils.Tensor("exclude_input_in_output", np.array([[True]], bool))]
+
+        def tokens_of(resp):
+            n = int(pb_utils.get_output_tensor_by_name(resp, "sequence_length").as_numpy().reshape(-1)[0])
+            return pb_utils.get_output_tensor_by_name(resp, "output_ids").as_numpy().reshape(-1)[:n].tolist()
+
+        while len(generated) < max_new:
+            seq = prompt + generated
+            remaining = max_new - len(generated)
+            draft = []
+            if remaining > 1:
+                end = [t for t in options if t.name() in ("end_id", "pad_id")]
+                d = self._call_one(self.draft_name, inputs(seq, min(num_draft, remaining - 1)) + end,
+                                   ["output_ids", "sequence_length"])
+                draft = tokens_of(d)
+            verify = inputs(seq, len(draft) + 1) + options
+            if draft:
+                verify.append(pb_utils.Tensor("draft_input_ids", np.array([draft], np.int32)))
+            new = tokens_of(self._call_one(self.llm_name, verify, ["output_ids", "sequence_length"]))[:remaining]
+            if not new:
+                break
+            drafted += len(draft)
+            accepted += sum(1 for a, b in zip(draft, new) if a == b) if draft else 0
+            first_token_ns = first_token_ns or time.time_ns()
+            stop = end_id in new
+            if stop:
+                new = new[:new.index(end_id) + 1]
+            generated += new
+            extra = []
+            if perf:
+                now = time.time_ns()
+                extra = [pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], np.int32)),
+                         pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], np.int32)),
+                         pb_utils.Tensor("acceptance_rate",
+                                         np.array([[accepted / drafted if drafted else 0.0]], np.float32)),
+                         pb_utils.Tensor("arrival_time_ns", np.array([[arrival]], np.int64)),
+                         pb_utils.Tensor("first_token_time_ns", np.array([[first_token_ns]], np.int64)),
+                         pb_utils.Tensor("last_token_time_ns", np.array([[now]], np.int64))]
+            yield new, extra
+            if stop:
+                break
+
     @staticmethod
     def _text_response(text, extra):
-        out = np.array([[text.encode("utf-8")]], dtype=object)
-        return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", out), *extra])
+        # flat [1] (one sequence), as upstream's BLS sends it: clients read text_output[0]
+        out = np.array([text.encode("utf-8")], dtype=object)
+        index = [pb_utils.Tensor("batch_index", np.array([[0]], np.int32)),
+                 pb_utils.Tensor("sequence_index", np.array([[0]], np.int32))]
+        names = {t.name() for t in extra}
+        return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", out), *extra,
+                                           *[t for t in index if t.name() not in names]])
 
     def finalize(self):
         with self.lock:
