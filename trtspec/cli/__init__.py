@@ -18,9 +18,9 @@ COMMAND_MODULES = (
     "trtspec.cli.generate",  # generate, demo, make-draft
     "trtspec.cli.train",     # train-heads, tune-tree
     "trtspec.cli.convert",   # convert, build
-    "trtspec.kernels.cli",   # plugins build
-    "trtspec.triton.cli",    # triton emit, serve
-    "trtspec.client.cli",    # client ...
+    "trtspec.cli.plugins",   # plugins build, plugins export-onnx
+    "trtspec.cli.triton",    # triton emit, serve
+    "trtspec.cli.client",    # client stream, client bench
 )
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import click
 
+from trtspec.cli.options import dtype_option, tree_option
+from trtspec.drafters import registry
 from trtspec.errors import CheckpointError, UsageError
 
 from trtspec.triton.launch import LAUNCH_SCRIPT, TRTLLM_IMAGE
@@ -49,10 +51,12 @@ def triton_group() -> None:
               help="A target model directory, or a JSON/YAML spec file with target, heads, heads_format, tree, dtype.")
 @click.option("--target", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="Hugging Face target model directory (instead of --spec).")
-@click.option("--heads", type=click.Path(exists=True, path_type=Path), default=None, help="Drafter heads.")
-@click.option("--heads-format", default=None, help="medusa, eagle, eagle3, mtp-linear, mtp-single, draft-model.")
-@click.option("--tree", default=None, help='Tree choices: "[[0],[0,0],[1]]", "{0}, {0, 0}" or chain:N.')
-@click.option("--dtype", default=None, help="Reference runtime dtype (default: the checkpoint's).")
+@click.option("--heads", "-H", type=click.Path(exists=True, path_type=Path), default=None,
+              help=f"Drafter: heads of any registered kind ({', '.join(registry.names())}).")
+@click.option("--heads-format", type=click.Choice(registry.names()), default=None,
+              help="Drafter kind; detected from the files when omitted.")
+@tree_option
+@dtype_option("Reference runtime dtype (default: the checkpoint's).")
 @click.option("--runtime", type=click.Choice(["trtllm", "reference"]), required=True,
               help="trtllm: engines on NVIDIA's Triton+TRT-LLM container; reference: trtspec's PyTorch runtime.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
