@@ -191,3 +191,26 @@ def test_kind_names_live_only_in_their_modules():
                     and id(node) not in docstrings:
                 offenders.append(f"{f.relative_to(root.parent)}:{node.lineno} {node.value!r}")
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_formats_are_declared_and_refusals_are_clear(kind, demo_paths, tmp_path):
+    """Each declared export format writes a file that validates (ONNX: onnx.checker inside the exporter);
+    an undeclared one is one error line naming the formats the kind has."""
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+
+    record = registry.get(kind)
+    for fmt in ("onnx",):
+        out = tmp_path / f"{kind}.{fmt}"
+        r = CliRunner().invoke(main, ["export", "-t", str(demo_paths["target"]), "-H", str(demo_paths[kind]),
+                                      "--format", fmt, "-o", str(out), "--tree", "chain:2"])
+        if fmt in record.export_formats:
+            assert r.exit_code == 0, r.output
+            import onnx
+
+            onnx.checker.check_model(onnx.load(str(out)))
+        else:
+            assert r.exit_code == 2 and "error:" in r.output and f"formats for {kind}" in r.output
+            assert "Traceback" not in r.output and not out.exists()

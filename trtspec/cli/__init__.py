@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "trtspec.cli.plugins",   # plugins build, plugins export-onnx
     "trtspec.cli.triton",    # triton emit, serve
     "trtspec.cli.client",    # client stream, client bench
+    "trtspec.cli.export",    # export
 )
 
 

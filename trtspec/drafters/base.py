@@ -117,6 +117,8 @@ class DrafterKind:
     training: TrainingRecipe | None = None
     #: public layouts ``load`` reads and ``make_demo``/``training.save`` write
     formats: tuple[str, ...] = ()
+    #: what ``trtspec export --format`` can write for this kind (an exporter per format lives in cli/export.py)
+    export_formats: tuple[str, ...] = ()
     #: the kind brings its own draft vocabulary (EAGLE-3's d2t): refuse draft_vocab.safetensors
     own_draft_vocab: bool = False
     #: the deepest static tree the loaded drafter can fill (None = any depth)

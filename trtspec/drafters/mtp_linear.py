@@ -71,5 +71,6 @@ KIND = DrafterKind(
     engine=EngineRoute(layout="MedusaForCausalLM+RmsNormHeads", mode="medusa", triton_decoding_mode="medusa"),
     training=TrainingRecipe("heads", new_module, save, uses_rmsnorm_switch=True, uses_num_heads=True),
     formats=("trtspec-heads",),
+    export_formats=("onnx",),
     max_tree_depth=lambda spec: spec.num_heads,
 )
