@@ -12,8 +12,9 @@ over the options {no tree (plain), the full tree cut at depth 1, 2, ..., D_max}.
 1 / plain_step_time: the break-even is measured, never a constant. When plain wins, speculation stops;
 every ``probe_every`` plain steps one step probes the best speculative option again (a probe that does
 not pay doubles the interval, up to ``max_probe_every``), so speculation resumes when the text turns
-predictable again. Unmeasured options' times are interpolated by node count between plain and the full
-tree. Output is unaffected: the tree only changes which drafts are verified, never what is accepted.
+predictable again. Exploration starts shallow (the tree cut at ``explore_depth``); deeper depths'
+acceptance is extrapolated geometrically and unmeasured options' times linearly in their node count,
+until a chosen tree measures them. Output is unaffected: the tree only changes which drafts are verified, never what is accepted.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ class AdaptiveSpeculation:
     prior_accept: float = 0.6  # P(accept >= 1) before anything is measured (depth d: prior ** d)
     probe_every: int = 8
     max_probe_every: int = 64
-    explore_steps: int = 2  # full-tree steps measured before the first decision
+    explore_steps: int = 2  # steps with the exploration tree (cut at ``explore_depth``) before the first decision
+    explore_depth: int = 2  # deeper depths are extrapolated until a chosen tree reaches them
     remeasure_every: int = 64  # while speculating, one plain step this often keeps the break-even current
     margin: float = 0.03  # speculate only when it is expected to be this much faster (timing noise)
     window: int = 8  # step times kept per option; the estimate is their minimum
@@ -46,6 +48,7 @@ class AdaptiveSpeculation:
             build_tree(tuple(c for c in self.full.choices if len(c) <= d)) for d in range(1, depth + 1)]
         self.times = [[] for _ in self.options]
         self.accept = [self.prior_accept ** d for d in range(1, depth + 1)]
+        self.seen = [0] * depth  # steps that measured each depth
         self._interval = self.probe_every
         self._since_probe = 0
         self._explored = 0
@@ -53,9 +56,22 @@ class AdaptiveSpeculation:
         self._last = 0
 
     # estimates ----------------------------------------------------------------------------------
+    def acceptance(self) -> list[float]:
+        """P(accept >= d) per depth: measured depths as measured; deeper ones extrapolated geometrically
+        from the deepest two measured (never above the depth before them)."""
+        out: list[float] = []
+        for d, a in enumerate(self.accept):
+            if self.seen[d] or d == 0:
+                out.append(min(a, out[-1]) if out else a)
+                continue
+            prev = out[-1]
+            ratio = prev / out[-2] if len(out) >= 2 and out[-2] > 0 else prev
+            out.append(prev * min(ratio, 1.0))
+        return out
+
     def expected_tokens(self, option: int) -> float:
         """Tokens committed per step with the tree cut at depth ``option`` (0 = plain: one token)."""
-        return 1.0 + sum(self.accept[:option])
+        return 1.0 + sum(self.acceptance()[:option])
 
     def measured_time(self, option: int) -> float | None:
         """The minimum of the option's recent step times: other processes only ever add time, and an
@@ -66,14 +82,17 @@ class AdaptiveSpeculation:
         return min(t[1:][-self.window:]) if len(t) > 1 else t[0]
 
     def estimated_time(self, option: int) -> float | None:
+        """Measured, else linear in the tree's nodes through plain and the nearest measured option."""
         t = self.measured_time(option)
         if t is not None:
             return t
-        t0, tf = self.measured_time(0), self.measured_time(len(self.options) - 1)
-        if t0 is None or tf is None:
+        t0 = self.measured_time(0)
+        ref = min((k for k in range(1, len(self.options)) if self.measured_time(k) is not None),
+                  key=lambda k: abs(k - option), default=None)
+        if t0 is None or ref is None:
             return None
-        share = self.options[option].num_nodes / max(self.full.num_nodes, 1)
-        return t0 + (tf - t0) * share
+        per_node = max(self.measured_time(ref) - t0, 0.0) / max(self.options[ref].num_nodes, 1)
+        return t0 + per_node * self.options[option].num_nodes
 
     def rate(self, option: int) -> float | None:
         t = self.estimated_time(option)
@@ -95,7 +114,7 @@ class AdaptiveSpeculation:
         if len(self.times[0]) < 2:
             return 0  # measure plain decoding (twice: the first step pays warm-up): the break-even
         if self._explored < self.explore_steps:
-            return len(self.options) - 1
+            return min(self.explore_depth, len(self.options) - 1)
         best = self.best_speculative()
         plain_rate, spec_rate = self.rate(0) or 0.0, self.rate(best) or 0.0
         if spec_rate > plain_rate * (1 + self.margin):
@@ -124,7 +143,8 @@ class AdaptiveSpeculation:
         n = len(accepted)
         for d in range(1, k + 1):
             hit = sum(1 for a in accepted if a >= d) / n
-            self.accept[d - 1] = (1 - self.alpha) * self.accept[d - 1] + self.alpha * hit
+            self.accept[d - 1] = hit if not self.seen[d - 1] else (1 - self.alpha) * self.accept[d - 1] + self.alpha * hit
+            self.seen[d - 1] += 1
         if self._explored >= self.explore_steps:
             pays = (self.rate(k) or 0.0) > (self.rate(0) or 0.0) * (1 + self.margin)
             self._interval = self.probe_every if pays else min(2 * self._interval, self.max_probe_every)
