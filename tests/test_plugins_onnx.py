@@ -121,4 +121,4 @@ def test_cli_export_onnx_rejects_other_head_kinds(demo_paths, tmp_path):
     res = CliRunner().invoke(main, ["plugins", "export-onnx", "--heads", str(demo_paths["eagle"]), "--target",
                                     str(demo_paths["target"]), "--out", str(tmp_path / "x.onnx")])
     assert res.exit_code == 2 and res.output.startswith("error:") and res.output.count("\n") == 1
-    assert "medusa and mtp-linear" in res.output and not (tmp_path / "x.onnx").exists()
+    assert "takes mtp-linear, medusa heads" in res.output and not (tmp_path / "x.onnx").exists()

@@ -265,20 +265,22 @@ def build_heads_model(weights: LinearHeadsWeights, paths: torch.Tensor | None, d
 
 def load_linear_heads(heads_dir: str | Path, target_dir: str | Path, dtype: torch.dtype):
     """(LinearHeads module, shared lm_head [V, H], DrafterSpec) of Medusa / mtp-linear heads, full vocabulary."""
-    from trtspec.load import load_drafter  # noqa: PLC0415 - heavy imports only when exporting
+    from trtspec.drafters import registry  # noqa: PLC0415 - heavy imports only when exporting
+    from trtspec.load import load_drafter  # noqa: PLC0415
     from trtspec.checkpoint.target import load_hf_causal_lm  # noqa: PLC0415
     from trtspec.models.heads import LinearHeads  # noqa: PLC0415
     from trtspec.drafters.proposers import load_module  # noqa: PLC0415
 
     target = load_hf_causal_lm(target_dir)
     drafter = load_drafter(heads_dir, target, draft_vocab=0)
-    if drafter.kind not in ("medusa", "mtp-linear"):
+    if "onnx" not in registry.get(drafter.kind).export_formats:
+        takes = ", ".join(n for n, k in registry.KINDS.items() if "onnx" in k.export_formats)
         raise UsageError(f"{heads_dir}: {drafter.kind} heads cannot be exported as an ONNX head graph yet",
-                         fix="export-onnx takes medusa and mtp-linear heads")
+                         fix=f"export-onnx takes {takes} heads")
     cfg = drafter.config
     heads = LinearHeads(int(cfg["num_heads"]), int(cfg["hidden_size"]), target.arch.vocab_size,
                         int(cfg.get("num_layers", 1)),
-                        has_norm=drafter.kind == "mtp-linear" and bool(cfg.get("has_rmsnorm", True)),
+                        has_norm="heads.0.norm.weight" in drafter.tensors,
                         eps=float(cfg.get("rms_norm_eps", 1e-6)), own_lm_head=bool(cfg.get("own_lm_head", False)))
     heads = load_module(heads, drafter, dtype)
     lm_head = target.tensors.load(target.lm_head_name).to(dtype)
