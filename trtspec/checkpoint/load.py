@@ -13,8 +13,9 @@ from trtspec.checkpoint.heads.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_p
 from trtspec.checkpoint.heads.eagle import load_eagle, load_eagle3
 from trtspec.checkpoint.heads.medusa import WEIGHT_FILES as MEDUSA_FILES, load_medusa, looks_like_medusa
 from trtspec.checkpoint.heads.mtp import META_FILE, load_mtp
-from trtspec.checkpoint.target import DTYPES, load_hf_causal_lm
+from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.checkpoint.tensors import read_safetensors_header
+from trtspec.dtypes import DtypeError, parse_dtype, resolve_dtype
 from trtspec.runtime.tree import DEFAULT_CHOICES, normalize_choices, parse_choices
 from trtspec.spec import DRAFTER_KINDS, DrafterSpec, ParallelSpec, SpecModel, TargetSpec, TreeSpec
 
@@ -110,9 +111,10 @@ def load_spec_model(target: str | Path, heads: str | Path | None = None, heads_f
     tgt = load_hf_causal_lm(target, allow_pickle=allow_pickle)
     drafter = load_drafter(heads, tgt, heads_format, allow_pickle, draft_vocab) if heads is not None else None
     if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise UsageError(f"unknown dtype {dtype!r}; choose one of {', '.join(sorted(DTYPES))}")
-        dtype = DTYPES[dtype]
+        try:
+            dtype = resolve_dtype(dtype).dtype if dtype == "auto" else parse_dtype(dtype)
+        except DtypeError as exc:
+            raise UsageError(str(exc)) from None
     if dtype is None:
         if drafter is not None and drafter.dtype != tgt.dtype:
             raise CheckpointError(f"dtype mismatch: heads are {drafter.dtype}, target is {tgt.dtype}", drafter.path,
