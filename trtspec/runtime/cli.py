@@ -11,6 +11,7 @@ import click
 
 from trtspec.checkpoint.errors import UsageError
 from trtspec.checkpoint.load import HEAD_FORMATS, load_spec_model, load_tokenizer
+from trtspec.dtypes import COMPUTE_DTYPES
 
 TREE_HELP = ("Static draft tree as choices, e.g. '[[0],[0,0],[1]]' (Medusa/EAGLE notation), "
              "TensorRT-LLM's '{0}, {0, 0}, {1}', or 'chain:N'. Default: the heads' tuned tree if recorded, "
@@ -29,9 +30,10 @@ def model_options(f):
         click.option("--heads-format", type=click.Choice(HEAD_FORMATS), default=None,
                      help="Heads format; detected from the files when omitted."),
         click.option("--tree", default=None, help=TREE_HELP),
-        click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default=None,
-                     help="Run/convert dtype (default: the checkpoint's; the CPU runtime runs float32 unless "
-                          "given; bfloat16 uses pre-packed oneDNN kernels where the CPU has them)."),
+        click.option("--dtype", type=click.Choice(COMPUTE_DTYPES), default="auto", show_default=True,
+                     help="Run dtype. auto: bfloat16 (pre-packed oneDNN kernels) where the CPU has native bfloat16 "
+                          "(AVX512-BF16/AMX), float32 on other CPUs (bfloat16 is several times slower there); "
+                          "bfloat16/float16 on GPUs. An explicit dtype is obeyed."),
         click.option("--allow-pickle", is_flag=True,
                      help="Allow .bin/.pt weights (loaded with torch.load(weights_only=True))."),
     ]
@@ -74,10 +76,14 @@ def generate_cmd(target, heads, heads_format, tree, dtype, allow_pickle, prompt,
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
     from trtspec.runtime.report import metrics_lines
 
-    spec = load_spec_model(target, heads, heads_format, tree, dtype, allow_pickle=allow_pickle, draft_vocab=draft_vocab)
+    from trtspec.cpu import setup_compute
+
+    choice = setup_compute(dtype, echo=lambda line: click.echo(line, err=True))
+    spec = load_spec_model(target, heads, heads_format, tree, choice.dtype, allow_pickle=allow_pickle,
+                           draft_vocab=draft_vocab)
     tok = load_tokenizer(spec.target)
     prompts = [encode_prompt(tok, p, chat) for p in prompt]
-    gen = SpeculativeGenerator(spec, dtype=spec.dtype if dtype else None)  # default: float32 on a CPU
+    gen = SpeculativeGenerator(spec, dtype=choice.dtype)
     eos = spec.target.arch.eos_token_id
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            seed=seed, eos_token_id=eos)
@@ -124,7 +130,9 @@ def make_draft_cmd(target, layers, out):
 @click.option("--max-new-tokens", "-n", default=48, show_default=True, type=click.IntRange(1))
 @click.option("--train/--no-train", default=True, show_default=True,
               help="Self-distil Medusa/MTP/EAGLE heads for a few seconds first (else all heads are random).")
-def demo_cmd(out, max_new_tokens, train):
+@click.option("--dtype", type=click.Choice(COMPUTE_DTYPES), default="auto", show_default=True,
+              help="Dtype of the reference runtime (auto: bfloat16 where the CPU has native bfloat16, else float32).")
+def demo_cmd(out, max_new_tokens, train, dtype):
     """The embedded demo: tiny target + heads of every kind, reference runtime, then `trtspec build`.
 
     Builds a tiny random Llama (with a tokenizer) and heads in every published format, self-distils
@@ -133,12 +141,14 @@ def demo_cmd(out, max_new_tokens, train):
     build --allow-no-gpu` (TensorRT-LLM checkpoint, build plan/script, Triton repository). Nothing is
     downloaded.
     """
+    from trtspec.cpu import setup_compute
     from trtspec.demo.run import run_demo
 
+    choice = setup_compute(dtype, echo=click.echo)
     if out is None:
         with tempfile.TemporaryDirectory(prefix="trtspec-demo-") as tmp:
-            sys.exit(run_demo(Path(tmp), max_new_tokens, train))
-    sys.exit(run_demo(out, max_new_tokens, train))
+            sys.exit(run_demo(Path(tmp), max_new_tokens, train, dtype=choice.dtype))
+    sys.exit(run_demo(out, max_new_tokens, train, dtype=choice.dtype))
 
 
 COMMANDS = [generate_cmd, demo_cmd, make_draft_cmd]
