@@ -74,6 +74,10 @@ def configure_threads(threads: int | None = None) -> tuple[int, str]:
             why = f"{ENV_THREADS if os.environ.get(ENV_THREADS) else 'OMP_NUM_THREADS'}={threads}"
         else:
             threads, why = usable_cores()
+            local = os.environ.get("LOCAL_WORLD_SIZE", "")
+            if local.isdigit() and int(local) > 1:  # torchrun: the ranks on this node share the cores
+                threads = max(1, threads // int(local))
+                why += f", shared by {local} local ranks"
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     _configured = (threads, why)

@@ -98,9 +98,6 @@ def _measured_bf16_speedup() -> float:
 def _probe_cpu() -> tuple[bool, str]:
     """(native bfloat16?, why) for this CPU, without the environment override. Cached: flags do not change."""
     capability = torch.backends.cpu.get_cpu_capability()
-    isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
-    if isa and isa.upper() != "ALL" and "BF16" not in isa.upper() and "AMX" not in isa.upper():
-        return False, f"ONEDNN_MAX_CPU_ISA={isa}"
     flags = _cpuinfo_flags()
     if flags is not None:
         native = [f for f in _NATIVE_BF16_FLAGS if f in flags]
@@ -121,6 +118,9 @@ def cpu_native_bf16() -> tuple[bool, str]:
         return env == "1", f"{ENV_CPU_BF16}={env}"
     if env:
         raise DtypeError(f"{ENV_CPU_BF16} must be 0 or 1, got {env!r}")
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    if isa and isa.upper() != "ALL" and "BF16" not in isa.upper() and "AMX" not in isa.upper():
+        return False, f"ONEDNN_MAX_CPU_ISA={isa}"  # oneDNN was capped below its bfloat16 kernels
     return _probe_cpu()
 
 
