@@ -161,7 +161,7 @@ def main() -> None:
     ap.add_argument("--min-s", type=float, default=1.0, help="seconds per matmul measurement")
     ap.add_argument("--prompts", type=int, default=32, help="chitchat prompts cached")
     ap.add_argument("--gen-tokens", type=int, default=64)
-    ap.add_argument("--rows", type=int, default=16, help="cache rows in flight (train-heads --cache-batch)")
+    ap.add_argument("--rows", type=int, default=64, help="cache rows in flight (train-heads --cache-batch)")
     ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--batch-tokens", type=int, default=2048, help="train-heads --batch-tokens")
     ap.add_argument("--decode-prompts", type=int, default=2)

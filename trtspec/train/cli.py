@@ -48,7 +48,9 @@ def _barrier(world: int) -> None:
 @click.option("--chat/--no-chat", default=True, show_default=True,
               help="Render data with the tokenizer's chat template, as the server will.")
 @click.option("--max-samples", default=None, type=click.IntRange(1), help="Use only the first N samples.")
-@click.option("--cache-batch", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--cache-batch", default=64, show_default=True, type=click.IntRange(1),
+              help="Sequences the target decodes at once while caching (rows are refilled as replies end). "
+                   "More rows make each decode matmul more efficient on a CPU (64 vs 16: ~1.5-2x tokens/s).")
 @click.option("--cache-dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
               help="Dtype the target runs in while caching. auto: bfloat16 where the CPU has native bfloat16 "
                    "(AVX512-BF16/AMX: about 3x faster, and the labels are what a bfloat16 deployment says), "
