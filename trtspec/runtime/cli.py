@@ -77,12 +77,13 @@ def generate_cmd(target, heads, heads_format, tree, dtype, allow_pickle, prompt,
     from trtspec.runtime.report import metrics_lines
 
     from trtspec.cpu import setup_compute
+    from trtspec.dtypes import resolve_dtype
 
-    choice = setup_compute(dtype, echo=lambda line: click.echo(line, err=True))
-    spec = load_spec_model(target, heads, heads_format, tree, choice.dtype, allow_pickle=allow_pickle,
+    spec = load_spec_model(target, heads, heads_format, tree, resolve_dtype(dtype).dtype, allow_pickle=allow_pickle,
                            draft_vocab=draft_vocab)
     tok = load_tokenizer(spec.target)
     prompts = [encode_prompt(tok, p, chat) for p in prompt]
+    choice = setup_compute(dtype, echo=lambda line: click.echo(line, err=True))  # inputs are valid: announce
     gen = SpeculativeGenerator(spec, dtype=choice.dtype)
     eos = spec.target.arch.eos_token_id
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,

@@ -97,9 +97,7 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
 
     from trtspec.cpu import setup_compute
 
-    cache_choice = setup_compute(cache_dtype, echo=lambda line: click.echo(f"cache {line}", err=True))
-    lm_choice = resolve_dtype(lm_dtype)
-    click.echo(f"lm_head {lm_choice.describe()}", err=True)
+    cache_choice, lm_choice = resolve_dtype(cache_dtype), resolve_dtype(lm_dtype)
     tgt = load_hf_causal_lm(target)
     tok = load_tokenizer(tgt)
     samples = load_samples(list(data), seed)
@@ -113,6 +111,8 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
         raise UsageError("--soft-weight needs --topk > 0 (the cached target distribution)")
     rank, world, _ = dist_info()
     cache_dir = cache_dir or out.with_name(out.name + ".cache")
+    setup_compute(cache_dtype, echo=lambda line: click.echo(f"cache {line}", err=True))  # inputs are valid: announce
+    click.echo(f"lm_head {lm_choice.describe()}", err=True)
     build_cache(tgt, items, cache_dir, mode=distill, gen_tokens=gen_tokens, topk=topk, batch_size=cache_batch,
                 rank=rank, world=world, dtype=cache_choice.name)
     _barrier(world)
@@ -171,11 +171,9 @@ def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, c
     """Measure per-depth top-k acceptance on calibration data and build the static tree that maximises the
     expected acceptance length for N nodes; print the expected and the measured acceptance length and the
     choices in Medusa/EAGLE and TensorRT-LLM notation (for --tree, build and the Triton parameters)."""
-    from trtspec.cpu import setup_compute
     from trtspec.train.data import load_samples
     from trtspec.train.tune_run import tune
 
-    choice = setup_compute(dtype, echo=lambda line: click.echo(line, err=True))
     budgets = _budgets(nodes)
     samples = load_samples(list(data), seed)[skip:]
     if not samples:
@@ -185,7 +183,7 @@ def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, c
     report = tune(target, heads, heads_format, calib, evals, budgets, depth=depth, topk=topk,
                   cache_dir=cache_dir or heads.with_name(heads.name + ".calib"), gen_tokens=gen_tokens,
                   max_new_tokens=max_new_tokens, speed=speed, echo=click.echo, draft_vocab=draft_vocab,
-                  dtype=choice.name)
+                  dtype=dtype)
     best = report["best"]
     click.echo(f"best: {best['nodes']} nodes, expected {best['expected']:.3f}, measured "
                f"{best.get('measured', float('nan')):.3f}")
