@@ -141,6 +141,27 @@ def _prefill(model: LlamaModel, rows: list[list[int]], topk: int):
     return cache, lengths, out
 
 
+#: a prefill pads its prompts to the longest one: at most this many (padded) tokens per forward
+PREFILL_TOKENS = 4096
+
+
+def _prefill_chunks(lengths: list[int]) -> list[list[int]]:
+    """Split prompts (in order; build_cache sorts them by length) into consecutive groups whose padded size
+    (rows x longest) stays within PREFILL_TOKENS, so one long prompt does not pad a whole pool."""
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for j, n in enumerate(lengths):
+        if cur and (len(cur) + 1) * max(longest, n) > PREFILL_TOKENS:
+            chunks.append(cur)
+            cur, longest = [], 0
+        cur.append(j)
+        longest = max(longest, n)
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
 def _compact(cache: KVCache, keep: list[int]) -> None:
     """Drop every cache row not in ``keep`` (in place): the tail of a pool decodes only live rows."""
     idx = torch.tensor(keep, dtype=torch.long)
@@ -173,12 +194,18 @@ def generate_pool(model: LlamaModel, items: list[list[int]], gen_tokens: int, to
         if free and nxt < n:
             take = list(range(nxt, min(n, nxt + len(free))))
             nxt += len(take)
-            sub, lengths, got = _prefill(model, [items[i] for i in take], topk)
+            got, lengths, subs = [], [], []
+            for chunk in _prefill_chunks([len(items[i]) for i in take]):  # bounded padding per prefill
+                sub, lens, g = _prefill(model, [items[take[j]] for j in chunk], topk)
+                got += g
+                lengths += [int(x) for x in lens]
+                subs += [(sub, k) for k in range(len(chunk))]
             for j, (r, i) in enumerate(zip(free, take)):
-                L = int(lengths[j])
+                sub, jj = subs[j]
+                L = lengths[j]
                 for dst, src in ((cache.k, sub.k), (cache.v, sub.v)):
                     for layer in range(len(dst)):
-                        dst[layer][r, :L] = src[layer][j, :L]
+                        dst[layer][r, :L] = src[layer][jj, :L]
                 cache.lengths[r] = L
                 p = _Parts(L)
                 p.add(*got[j])
