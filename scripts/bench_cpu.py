@@ -86,11 +86,11 @@ def bench_matmul(dtypes: list[str], m: int, min_s: float) -> list[dict]:
         for dt in dtypes:
             d = getattr(torch, dt)
             a, w = a32.to(d), w32.to(d)
-            r = _rate(lambda: torch.nn.functional.linear(a, w), min_s)
+            r = _rate(lambda a=a, w=w: torch.nn.functional.linear(a, w), min_s)
             rows.append({"matmul": name, "shape": f"{M}x{K} @ {K}x{N}", "dtype": dt, "gflops": 2 * M * K * N * r / 1e9})
             if dt == "bfloat16" and packing_supported():
                 p = pack_projection(w)
-                r = _rate(lambda: p(a), min_s)
+                r = _rate(lambda p=p, a=a: p(a), min_s)
                 rows.append({"matmul": name, "shape": f"{M}x{K} @ {K}x{N}", "dtype": "bfloat16-packed",
                              "gflops": 2 * M * K * N * r / 1e9})
     return rows

@@ -94,7 +94,7 @@ def _measured_bf16_speedup() -> float:
     return times[0] / max(times[1], 1e-9)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _probe_cpu() -> tuple[bool, str]:
     """(native bfloat16?, why) for this CPU, without the environment override. Cached: flags do not change."""
     capability = torch.backends.cpu.get_cpu_capability()

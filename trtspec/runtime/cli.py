@@ -73,11 +73,10 @@ def generate_cmd(target, heads, heads_format, tree, dtype, allow_pickle, prompt,
     lossless rejection sampler keeps the target's distribution. --compare checks both claims' cost:
     it runs plain decoding too and prints the wall-clock speedup.
     """
-    from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
-    from trtspec.runtime.report import metrics_lines
-
     from trtspec.cpu import setup_compute
     from trtspec.dtypes import resolve_dtype
+    from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
+    from trtspec.runtime.report import metrics_lines
 
     spec = load_spec_model(target, heads, heads_format, tree, resolve_dtype(dtype).dtype, allow_pickle=allow_pickle,
                            draft_vocab=draft_vocab)

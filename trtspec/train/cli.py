@@ -90,12 +90,11 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
     """
     from trtspec.checkpoint.load import load_tokenizer
     from trtspec.checkpoint.target import load_hf_causal_lm
+    from trtspec.cpu import setup_compute
     from trtspec.train.cache import HiddenCache, build_cache
     from trtspec.train.data import check_lengths, load_samples
     from trtspec.train.heads import horizon, save_heads
     from trtspec.train.trainer import TrainConfig, dist_info, train
-
-    from trtspec.cpu import setup_compute
 
     cache_choice, lm_choice = resolve_dtype(cache_dtype), resolve_dtype(lm_dtype)
     tgt = load_hf_causal_lm(target)
