@@ -51,7 +51,7 @@ def _barrier(world: int) -> None:
 @click.option("--cache-batch", default=64, show_default=True, type=click.IntRange(1),
               help="Sequences the target decodes at once while caching (rows are refilled as replies end). "
                    "More rows make each decode step cheaper per token on a CPU (64 vs 16 rows: 1.5-2x per step, "
-                   "~5% end to end as measured on 1 AVX2 thread; prefills dominate there).")
+                   "~5% end to end as measured on 1 AVX2 thread).")
 @click.option("--cache-dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
               help="Dtype the target runs in while caching. auto: bfloat16 where the CPU has native bfloat16 "
                    "(AVX512-BF16/AMX: about 3x faster, and the labels are what a bfloat16 deployment says), "
