@@ -74,9 +74,9 @@ def parse() -> argparse.Namespace:
                     help="dtype of the cache and of both plain and speculative decoding (auto: bfloat16 with "
                          "pre-packed oneDNN kernels where the CPU has AVX512-BF16/AMX, else float32)")
     args = ap.parse_args()
-    from trtspec.cli.train import resolve_dtype
+    from trtspec.dtypes import resolve_dtype
 
-    args.dtype = resolve_dtype(args.dtype)
+    args.dtype = resolve_dtype(args.dtype).name
     return args
 
 

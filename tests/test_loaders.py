@@ -134,9 +134,14 @@ def test_heads_dtype_mismatch(demo_paths, tmp_path):
     from safetensors.torch import load_file
 
     save_file({k: v.half() for k, v in load_file(f).items()}, f)
-    assert_clean_error(run_cli(*gen_args(demo_paths["target"], heads)), "dtype mismatch", "--dtype")
+    # with no compute dtype (convert/build keep the weights' dtype) mismatched heads are refused ...
+    with pytest.raises(CheckpointError, match="dtype mismatch.*--dtype"):
+        load_spec_model(demo_paths["target"], heads)
+    # ... a compute dtype runs both in it: explicit, or generate's default (auto)
     r = run_cli(*gen_args(demo_paths["target"], heads, "--dtype", "float32"))
     assert r.exit_code == 0, r.output
+    r = run_cli(*gen_args(demo_paths["target"], heads))
+    assert r.exit_code == 0 and "dtype: " in r.output and "(auto: " in r.output, r.output
 
 
 def test_unknown_heads_format(demo_paths, tmp_path):

@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 
 from trtspec.checkpoint.heads.draft_vocab import DRAFT_VOCAB_FILE, draft_vocab_path, load_draft_vocab
-from trtspec.checkpoint.target import DTYPES, load_hf_causal_lm, load_tokenizer
+from trtspec.checkpoint.target import load_hf_causal_lm, load_tokenizer
 from trtspec.drafters import registry
+from trtspec.dtypes import DtypeError, parse_dtype, resolve_dtype
 from trtspec.errors import CheckpointError, UsageError
 from trtspec.parallel import Mapping
 from trtspec.spec import DrafterSpec, SpecModel, TargetSpec, TreeSpec
@@ -64,9 +65,10 @@ def load_spec_model(target: str | Path, heads: str | Path | None = None, heads_f
     tgt = load_hf_causal_lm(target, allow_pickle=allow_pickle)
     drafter = load_drafter(heads, tgt, heads_format, allow_pickle, draft_vocab) if heads is not None else None
     if isinstance(dtype, str):
-        if dtype not in DTYPES:
-            raise UsageError(f"unknown dtype {dtype!r}; choose one of {', '.join(sorted(DTYPES))}")
-        dtype = DTYPES[dtype]
+        try:
+            dtype = resolve_dtype(dtype).dtype if dtype == "auto" else parse_dtype(dtype)
+        except DtypeError as exc:
+            raise UsageError(str(exc)) from None
     if dtype is None:
         if drafter is not None and drafter.dtype != tgt.dtype:
             raise CheckpointError(f"dtype mismatch: heads are {drafter.dtype}, target is {tgt.dtype}", drafter.path,

@@ -16,6 +16,7 @@ import torch
 from trtspec.errors import CheckpointError
 from trtspec.checkpoint.heads.draft_vocab import DRAFT_VOCAB_FILE
 from trtspec.checkpoint.tensors import TensorStore
+from trtspec.dtypes import DTYPE_NAMES, DTYPES, DtypeError, parse_dtype as parse_any_dtype  # noqa: F401 (DTYPES re-exported)
 from trtspec.spec import LlamaArch, TargetSpec
 
 #: model_type -> extra architecture flags. Anything else is refused with a clear message.
@@ -27,8 +28,6 @@ SUPPORTED_MODEL_TYPES = {
 }
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -47,10 +46,10 @@ def read_json(path: Path) -> dict[str, Any]:
 def parse_dtype(name: str | None, where: Path | str) -> torch.dtype:
     if name is None:
         return torch.float32
-    key = str(name).removeprefix("torch.")
-    if key not in DTYPES:
-        raise CheckpointError(f"unsupported dtype {name!r}", where, f"use one of {sorted(set(DTYPES))}")
-    return DTYPES[key]
+    try:
+        return parse_any_dtype(name)
+    except DtypeError:
+        raise CheckpointError(f"unsupported dtype {name!r}", where, f"use one of {', '.join(DTYPE_NAMES.values())}") from None
 
 
 def arch_from_config(cfg: dict[str, Any], path: Path, allow_types: bool = True) -> LlamaArch:

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import click
 
-from trtspec.errors import UsageError
 from trtspec.cli.options import draft_vocab_option, max_tokens_option, model_options, target_option
+from trtspec.dtypes import COMPUTE_DTYPES
+from trtspec.errors import UsageError
 from trtspec.load import load_spec_model, load_tokenizer
 
-DTYPE_HELP = ("Run dtype (default: float32 on a CPU, the exact oracle; bfloat16 uses pre-packed oneDNN kernels "
-              "where the CPU has them).")
+DTYPE_HELP = ("Run dtype. auto: bfloat16 (pre-packed oneDNN kernels) where the CPU has native bfloat16 "
+              "(AVX512-BF16/AMX), float32 on other CPUs (bfloat16 is several times slower there); "
+              "bfloat16/float16 on GPUs. An explicit dtype is obeyed.")
 
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
@@ -30,7 +32,7 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
 
 
 @click.command("generate")
-@model_options(DTYPE_HELP)
+@model_options(DTYPE_HELP, COMPUTE_DTYPES, "auto")
 @click.option("--prompt", "-p", multiple=True, required=True, help="Prompt text; repeat for a batch.")
 @click.option("--chat/--no-chat", default=True, show_default=True, help="Apply the tokenizer's chat template.")
 @max_tokens_option(64)
@@ -52,13 +54,17 @@ def generate_cmd(target, heads, heads_format, allow_pickle, tree, dtype, prompt,
     lossless rejection sampler keeps the target's distribution. --compare checks both claims' cost:
     it runs plain decoding too and prints the wall-clock speedup.
     """
+    from trtspec.cpu import setup_compute
+    from trtspec.dtypes import resolve_dtype
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
     from trtspec.runtime.report import metrics_lines
 
-    spec = load_spec_model(target, heads, heads_format, tree, dtype, allow_pickle=allow_pickle, draft_vocab=draft_vocab)
+    spec = load_spec_model(target, heads, heads_format, tree, resolve_dtype(dtype).dtype, allow_pickle=allow_pickle,
+                           draft_vocab=draft_vocab)
     tok = load_tokenizer(spec.target)
     prompts = [encode_prompt(tok, p, chat) for p in prompt]
-    gen = SpeculativeGenerator(spec, dtype=spec.dtype if dtype else None)  # default: float32 on a CPU
+    choice = setup_compute(dtype, echo=lambda line: click.echo(line, err=True))  # inputs are valid: announce
+    gen = SpeculativeGenerator(spec, dtype=choice.dtype)
     eos = spec.target.arch.eos_token_id
     cfg = GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            seed=seed, eos_token_id=eos, adaptive=adaptive)
@@ -105,7 +111,9 @@ def make_draft_cmd(target, layers, out):
 @max_tokens_option(48)
 @click.option("--train/--no-train", default=True, show_default=True,
               help="Self-distil every trainable kind's heads for a few seconds first (else all heads are random).")
-def demo_cmd(out, max_tokens, train):
+@click.option("--dtype", type=click.Choice(COMPUTE_DTYPES), default="auto", show_default=True,
+              help="Dtype of the reference runtime (auto: bfloat16 where the CPU has native bfloat16, else float32).")
+def demo_cmd(out, max_tokens, train, dtype):
     """The embedded demo: tiny target + heads of every kind, reference runtime, then `trtspec build`.
 
     Builds a tiny random Llama (with a tokenizer) and heads in every published format, self-distils
@@ -114,12 +122,14 @@ def demo_cmd(out, max_tokens, train):
     build --allow-no-gpu` (TensorRT-LLM checkpoint, build plan/script, Triton repository). Nothing is
     downloaded.
     """
+    from trtspec.cpu import setup_compute
     from trtspec.demo.run import run_demo
 
+    choice = setup_compute(dtype, echo=click.echo)
     if out is None:
         with tempfile.TemporaryDirectory(prefix="trtspec-demo-") as tmp:
-            sys.exit(run_demo(Path(tmp), max_tokens, train))
-    sys.exit(run_demo(out, max_tokens, train))
+            sys.exit(run_demo(Path(tmp), max_tokens, train, dtype=choice.dtype))
+    sys.exit(run_demo(out, max_tokens, train, dtype=choice.dtype))
 
 
 COMMANDS = [generate_cmd, demo_cmd, make_draft_cmd]

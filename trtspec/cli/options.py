@@ -90,8 +90,10 @@ def max_tokens_option(default: int) -> Callable[[Callable], Callable]:
                         help="Tokens to generate per prompt.")
 
 
-def model_options(dtype_help: str) -> Callable[[Callable], Callable]:
+def model_options(dtype_help: str, dtype_choices: tuple[str, ...] = ("float32", "float16", "bfloat16"),
+                  dtype_default: str | None = None) -> Callable[[Callable], Callable]:
     """Target + heads + tree + dtype: what every command that loads a SpecModel takes."""
     def wrap(f: Callable) -> Callable:
-        return _apply(f, [target_option, heads_options, tree_option, dtype_option(dtype_help)])
+        return _apply(f, [target_option, heads_options, tree_option,
+                          dtype_option(dtype_help, dtype_choices, dtype_default)])
     return wrap

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from trtspec.cli.options import dtype_option, tree_option
+from trtspec.cli.options import tree_option
 from trtspec.drafters import registry
 from trtspec.errors import CheckpointError, UsageError
 
@@ -56,7 +56,9 @@ def triton_group() -> None:
 @click.option("--heads-format", type=click.Choice(registry.names()), default=None,
               help="Drafter kind; detected from the files when omitted.")
 @tree_option
-@dtype_option("Reference runtime dtype (default: the checkpoint's).")
+@click.option("--dtype", default="auto", show_default=True,
+              help="Reference runtime dtype. auto: chosen where the server runs (bfloat16 on CPUs with native "
+                   "bfloat16 and on GPUs, float32 on other CPUs).")
 @click.option("--runtime", type=click.Choice(["trtllm", "reference"]), required=True,
               help="trtllm: engines on NVIDIA's Triton+TRT-LLM container; reference: trtspec's PyTorch runtime.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
@@ -94,8 +96,10 @@ def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_d
             fields[k] = str(v)
     if "target" not in fields:
         raise UsageError("give the model: --spec DIR_OR_FILE or --target DIR")
+    auto = fields.get("dtype") == "auto"  # resolved by the server on its own hardware, not here
     spec = load_spec_model(fields["target"], fields.get("heads"), heads_format=fields.get("heads_format"),
-                           tree=fields.get("tree"), dtype=fields.get("dtype") if runtime == "reference" else None)
+                           tree=fields.get("tree"),
+                           dtype=fields.get("dtype") if runtime == "reference" and not auto else None)
     options = {"triton_max_batch_size": max_batch_size, "speculative": not no_speculative,
                "decoupled_mode": decoupled}
     if max_seq_len is not None:
@@ -104,6 +108,8 @@ def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_d
         options["max_seq_len"] = max_seq_len
     if runtime == "reference":
         options["trtspec_device"] = device
+        if auto:
+            options["trtspec_dtype"] = "auto"
     repo = emit_repository(spec, runtime, out_dir, engine_dir=engine_dir, plugin_library=plugin_library,
                            options=options, draft_engine_dir=draft_engine_dir)
     click.echo(f"wrote {runtime} Triton repository {repo} ({spec.describe()})")

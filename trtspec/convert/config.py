@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from trtspec.convert.names import Mapping
+from trtspec.dtypes import DTYPE_NAMES  # noqa: F401 (the one dtype table; re-exported)
 from trtspec.spec import LlamaArch
 
 #: architecture -> {field: allowed python types}. What TensorRT-LLM 1.2 reads for that architecture.
@@ -49,7 +50,6 @@ QUANT_FIELDS = {"quant_algo": (type(None), str), "kv_cache_quant_algo": (type(No
 #: EagleConfig asserts this (examples/eagle/convert_checkpoint.py: "max_draft_len > 256 is not supported").
 EAGLE_MAX_DRAFT_LEN = 256
 
-DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 HF_ARCH_NAMES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
 
 

@@ -25,6 +25,7 @@ from trtspec.errors import UsageError
 from trtspec.convert.config import check_config
 from trtspec.convert.modes import CheckpointPlan, ConvertOptions, ExportMode, select_mode
 from trtspec.convert.writer import PlannedTensor, StreamingSafetensorsWriter, atomic_directory
+from trtspec.dtypes import DTYPES
 from trtspec.spec import SpecModel
 
 log = logging.getLogger("trtspec")
@@ -206,8 +207,7 @@ def convert(spec: SpecModel, out: str | Path, opts: ConvertOptions | None = None
 def dtype_from_name(name: str | None) -> torch.dtype | None:
     if name is None:
         return None
-    table = {"float16": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float32": torch.float32, "fp32": torch.float32}
-    if name not in table:
+    dt = DTYPES.get(name)
+    if dt not in (torch.float16, torch.bfloat16, torch.float32):
         raise UsageError(f"unknown dtype {name!r}; choose float16, bfloat16 or float32")
-    return table[name]
+    return dt

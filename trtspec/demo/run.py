@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import torch
 
 from trtspec.load import load_spec_model, load_tokenizer
 from trtspec.demo.build import build_demo
@@ -35,13 +36,15 @@ def train_demo_heads(paths: dict[str, Path], out: Path, ids: list[list[int]], ma
     return trained
 
 
-def run_kinds(paths: dict[str, Path], max_new_tokens: int, trained: bool) -> tuple[list[list[object]], bool]:
-    """Plain vs speculative greedy for every kind on the demo prompts (batch of 3)."""
+def run_kinds(paths: dict[str, Path], max_new_tokens: int, trained: bool,
+              dtype: torch.dtype | None = None) -> tuple[list[list[object]], bool]:
+    """Plain vs speculative greedy for every kind on the demo prompts (batch of 3), in ``dtype``
+    (None: the runtime's CPU default, float32)."""
     rows, all_same = [], True
     ids = demo_prompt_ids(paths["target"])
     for kind in registry.names():
-        spec = load_spec_model(paths["target"], paths[kind])
-        gen = SpeculativeGenerator(spec)
+        spec = load_spec_model(paths["target"], paths[kind], dtype=dtype)
+        gen = SpeculativeGenerator(spec, dtype=dtype)
         cfg = GenerationConfig(max_new_tokens=max_new_tokens)
         plain = gen.generate(ids, GenerationConfig(max_new_tokens=max_new_tokens, speculative=False))
         res = gen.generate(ids, cfg)
@@ -71,12 +74,12 @@ def run_build_step(paths: dict[str, Path], out: Path) -> int:
     return 0
 
 
-def run_demo(out: Path, max_new_tokens: int, train: bool = True) -> int:
+def run_demo(out: Path, max_new_tokens: int, train: bool = True, dtype: torch.dtype | None = None) -> int:
     click.echo(f"building the tiny demo target and heads of every kind in {out}")
     paths = build_demo(out)
     if train:
         paths = train_demo_heads(paths, out, demo_prompt_ids(paths["target"]), max_new_tokens)
-    rows, same = run_kinds(paths, max_new_tokens, train)
+    rows, same = run_kinds(paths, max_new_tokens, train, dtype)
     click.echo(table(["drafter", "heads", "tree nodes", "== greedy", "accept len", "per-position", "steps", "plain steps",
                       "speedup"], rows))
     click.echo("greedy speculative output is token-identical to plain greedy for every kind" if same

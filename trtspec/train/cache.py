@@ -36,13 +36,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trtspec.dtypes import parse_dtype
 from trtspec.errors import CheckpointError, UsageError
-from trtspec.models.llama import LlamaModel, build_llama, causal_mask
+from trtspec.models.llama import KVCache, LlamaModel, build_llama, causal_mask
 from trtspec.spec import TargetSpec
 
 FORMAT = "trtspec-train-cache"
 META = "meta.json"
 FP16_MAX = 65504.0
+#: generate mode: batches handed to one continuous-batching pool (``batch_size`` rows in flight). Several,
+#: so that rows freed by short replies are refilled instead of idling until the longest reply ends;
+#: resumable shards still end on batch boundaries.
+POOL_BATCHES = 4
 
 
 def _pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,53 +93,165 @@ def _to_f16(h: torch.Tensor) -> np.ndarray:
     return h.to(torch.float16).numpy()
 
 
-@torch.no_grad()
-def run_items(model: LlamaModel, items: list[list[int]], mode: str, gen_tokens: int, topk: int,
-              eos: set[int]) -> list[_Record]:
-    """One batch: prefill (right-padded, causal), then for ``generate`` a greedy decode loop that
-    records every fed token's hidden state. The same model code as the runtime's target forward."""
-    B = len(items)
-    ids, valid = _pad(items)
+class _Parts:
+    """The pieces of one item's record, gathered while it is prefilled and decoded."""
+
+    def __init__(self, plen: int):
+        self.plen = plen
+        self.tokens: list[torch.Tensor] = []
+        self.hidden: list[torch.Tensor] = []
+        self.argmax: list[torch.Tensor] = []
+        self.ti: list[torch.Tensor] = []
+        self.tv: list[torch.Tensor] = []
+
+    def add(self, tokens, hidden, argmax, ti, tv) -> None:
+        self.tokens.append(tokens)
+        self.hidden.append(hidden)
+        self.argmax.append(argmax)
+        if ti is not None:
+            self.ti.append(ti)
+            self.tv.append(tv)
+
+    def record(self, generated: bool) -> _Record:
+        return _Record(torch.cat(self.tokens).numpy().astype(np.int32), _to_f16(torch.cat(self.hidden).float()),
+                       torch.cat(self.argmax).numpy().astype(np.int32),
+                       torch.cat(self.ti).numpy().astype(np.int32) if self.ti else None,
+                       torch.cat(self.tv).to(torch.float16).numpy() if self.tv else None,
+                       self.plen if generated else 1)
+
+
+def _prefill(model: LlamaModel, rows: list[list[int]], topk: int):
+    """Run prompts (right-padded, causal) in one forward into a fresh cache; label every valid position
+    with one lm_head call (not one per prompt: a bigger matmul is a faster one). Returns the cache, the
+    lengths and per row (tokens, hidden, argmax, topk ids, topk logits)."""
+    B = len(rows)
+    ids, valid = _pad(rows)
     T = ids.shape[1]
-    extra = gen_tokens if mode == "generate" else 0
-    cache = model.new_cache(B, T + extra + 1)
+    cache = model.new_cache(B, T)
     hidden, _ = model(ids, torch.arange(T)[None].expand(B, -1), cache, causal_mask(T) & valid[:, None, :])
     lengths = valid.sum(1)
     cache.commit([torch.arange(int(n)) for n in lengths])
-    parts: list[dict[str, list]] = []
+    am, ti, tv = _labels(model, hidden[valid], topk)
+    out, a = [], 0
     for b in range(B):
         n = int(lengths[b])
-        am, ti, tv = _labels(model, hidden[b, :n], topk)
-        parts.append({"tokens": [ids[b, :n]], "hidden": [hidden[b, :n]], "argmax": [am],
-                      "ti": [ti] if ti is not None else [], "tv": [tv] if tv is not None else []})
-    if mode == "generate":
-        cur = torch.stack([p["argmax"][0][-1] for p in parts])
-        done = [int(cur[b]) in eos for b in range(B)]
-        for _ in range(gen_tokens - 1):
-            if all(done):
+        out.append((ids[b, :n], hidden[b, :n], am[a:a + n], ti[a:a + n] if ti is not None else None,
+                    tv[a:a + n] if tv is not None else None))
+        a += n
+    return cache, lengths, out
+
+
+#: a prefill pads its prompts to the longest one: at most this many (padded) tokens per forward
+PREFILL_TOKENS = 4096
+
+
+def _prefill_chunks(lengths: list[int]) -> list[list[int]]:
+    """Split prompts (in order; build_cache sorts them by length) into consecutive groups whose padded size
+    (rows x longest) stays within PREFILL_TOKENS, so one long prompt does not pad a whole pool."""
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for j, n in enumerate(lengths):
+        if cur and (len(cur) + 1) * max(longest, n) > PREFILL_TOKENS:
+            chunks.append(cur)
+            cur, longest = [], 0
+        cur.append(j)
+        longest = max(longest, n)
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def _compact(cache: KVCache, keep: list[int]) -> None:
+    """Drop every cache row not in ``keep`` (in place): the tail of a pool decodes only live rows."""
+    idx = torch.tensor(keep, dtype=torch.long)
+    for store in (cache.k, cache.v):
+        for i, t in enumerate(store):
+            store[i] = t.index_select(0, idx)
+    cache.lengths = cache.lengths.index_select(0, idx)
+
+
+@torch.no_grad()
+def generate_pool(model: LlamaModel, items: list[list[int]], gen_tokens: int, topk: int, eos: set[int],
+                  rows: int) -> list[_Record]:
+    """Greedy replies of up to ``gen_tokens`` tokens to every item, ``rows`` sequences decoding at once
+    with a KV cache (continuous batching): when a reply ends (EOS or length), the next prompt is prefilled
+    into its row, so the batch stays full and every decode step is a ``rows``-row matmul instead of a
+    shrinking one; when no prompts are left, finished rows are dropped from the cache. Each sequence's
+    tokens are its own greedy continuation whatever else shares the batch (rows never attend to each
+    other). Records come back in ``items`` order."""
+    n = len(items)
+    W = max(1, min(rows, n))
+    capacity = max(len(it) for it in items) + gen_tokens + 1
+    cache = model.new_cache(W, capacity)
+    parts: list[_Parts | None] = [None] * n
+    slot: list[int] = [-1] * W          # item held by each row (-1: free)
+    steps_left = [0] * W                # decode steps each row may still take
+    cur = torch.zeros(W, dtype=torch.long)
+    nxt = 0
+    while True:
+        free = [r for r in range(W) if slot[r] < 0]
+        if free and nxt < n:
+            take = list(range(nxt, min(n, nxt + len(free))))
+            nxt += len(take)
+            got, lengths, subs = [], [], []
+            for chunk in _prefill_chunks([len(items[i]) for i in take]):  # bounded padding per prefill
+                sub, lens, g = _prefill(model, [items[take[j]] for j in chunk], topk)
+                got += g
+                lengths += [int(x) for x in lens]
+                subs += [(sub, k) for k in range(len(chunk))]
+            for j, (r, i) in enumerate(zip(free, take)):
+                sub, jj = subs[j]
+                L = lengths[j]
+                for dst, src in ((cache.k, sub.k), (cache.v, sub.v)):
+                    for layer in range(len(dst)):
+                        dst[layer][r, :L] = src[layer][jj, :L]
+                cache.lengths[r] = L
+                p = _Parts(L)
+                p.add(*got[j])
+                parts[i] = p
+                last = got[j][2][-1]
+                if gen_tokens > 1 and int(last) not in eos:
+                    slot[r], steps_left[r], cur[r] = i, gen_tokens - 1, last
+        live = [r for r in range(W) if slot[r] >= 0]
+        if not live:
+            if nxt >= n:
                 break
-            h, _ = model(cur[:, None], cache.lengths[:, None], cache, causal_mask(1))
-            cache.commit([torch.arange(1)] * B)
-            am, ti, tv = _labels(model, h[:, 0], topk)
-            for b in range(B):
-                if done[b]:
-                    continue
-                p = parts[b]
-                p["tokens"].append(cur[b:b + 1])
-                p["hidden"].append(h[b, :1])
-                p["argmax"].append(am[b:b + 1])
-                if ti is not None:
-                    p["ti"].append(ti[b:b + 1])
-                    p["tv"].append(tv[b:b + 1])
-                done[b] = int(am[b]) in eos
-            cur = am
+            continue
+        if nxt >= n and len(live) <= (3 * W) // 4 and len(live) < W:  # tail: decode only the live rows
+            _compact(cache, live)
+            slot = [slot[r] for r in live]
+            steps_left = [steps_left[r] for r in live]
+            cur = cur[live]
+            W = len(live)
+            live = list(range(W))
+        h, _ = model(cur[:, None], cache.lengths[:, None], cache, causal_mask(1))
+        cache.commit([torch.arange(1 if slot[r] >= 0 else 0) for r in range(W)])
+        am, ti, tv = _labels(model, h[:, 0], topk)
+        for r in live:
+            parts[slot[r]].add(cur[r:r + 1], h[r, :1], am[r:r + 1], ti[r:r + 1] if ti is not None else None,
+                               tv[r:r + 1] if tv is not None else None)
+            steps_left[r] -= 1
+            if steps_left[r] == 0 or int(am[r]) in eos:
+                slot[r] = -1
+        cur = am.clone()  # rows refilled next round overwrite cur in place; the recorded argmax views stay intact
+    return [p.record(True) for p in parts]
+
+
+@torch.no_grad()
+def run_items(model: LlamaModel, items: list[list[int]], mode: str, gen_tokens: int, topk: int,
+              eos: set[int], rows: int | None = None) -> list[_Record]:
+    """Records for ``items``: ``teacher`` -- one batched prefill, labels on the data's own tokens;
+    ``generate`` -- the target's greedy replies (``generate_pool`` with ``rows`` sequences in flight,
+    default all). The same model code as the runtime's target forward."""
+    if mode == "generate":
+        return generate_pool(model, items, gen_tokens, topk, eos, rows or len(items))
+    _, _, got = _prefill(model, items, topk)
     out = []
-    for b, p in enumerate(parts):
-        out.append(_Record(torch.cat(p["tokens"]).numpy().astype(np.int32), _to_f16(torch.cat(p["hidden"]).float()),
-                           torch.cat(p["argmax"]).numpy().astype(np.int32),
-                           torch.cat(p["ti"]).numpy().astype(np.int32) if p["ti"] else None,
-                           torch.cat(p["tv"]).to(torch.float16).numpy() if p["tv"] else None,
-                           int(lengths[b]) if mode == "generate" else 1))
+    for g in got:
+        p = _Parts(1)
+        p.add(*g)
+        out.append(p.record(False))
     return out
 
 
@@ -169,8 +286,13 @@ def build_cache(target: TargetSpec, items: list[list[int]], out: str | Path, mod
                 dtype: str = "float32") -> Path:
     """Build (or resume) the cache for ``items`` (token-id prompts/texts). Returns the cache dir.
 
-    ``dtype`` is the target's compute dtype: ``bfloat16`` (pre-packed oneDNN matmuls on CPUs that have
-    them) caches several times faster and labels what a bfloat16 deployment of the target says.
+    ``dtype`` is the target's compute dtype: ``bfloat16`` (pre-packed oneDNN matmuls on CPUs with native
+    bfloat16) caches several times faster and labels what a bfloat16 deployment of the target says; on
+    other CPUs float32 is the fast one (callers pick with ``trtspec.dtypes.resolve_dtype``). ``model``:
+    pass the target already built (and packed) by the caller, e.g. tune-tree's generator, to reuse it.
+
+    generate mode decodes ``batch_size`` sequences at once with a KV cache and refills a row with the
+    next prompt as soon as its reply ends (``generate_pool``).
 
     Under torch.distributed each rank builds every ``world``-th batch into its own ``part-{rank}``
     sub-directory; readers union all parts."""
@@ -210,7 +332,7 @@ def build_cache(target: TargetSpec, items: list[list[int]], out: str | Path, mod
     if model is None:
         from trtspec.models.packed import pack_if_bf16
 
-        torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+        torch_dtype = parse_dtype(dtype)
         model = build_llama(target.arch, target.tensors, torch_dtype)
         pack_if_bf16(model, torch_dtype)
     from tqdm import tqdm
@@ -221,12 +343,16 @@ def build_cache(target: TargetSpec, items: list[list[int]], out: str | Path, mod
     pending_batches = 0
     n_tokens, t0 = 0, time.perf_counter()
     try:
-        for bi in mine[done_batches:]:
-            recs = run_items(model, [items[i] for i in batches[bi]], mode, gen_tokens, topk, eos_set)
+        todo = mine[done_batches:]
+        per_call = POOL_BATCHES if mode == "generate" else 1
+        for g in range(0, len(todo), per_call):
+            group = todo[g:g + per_call]
+            recs = run_items(model, [items[i] for bi in group for i in batches[bi]], mode, gen_tokens, topk, eos_set,
+                             rows=batch_size)
             pending.extend(recs)
-            pending_batches += 1
+            pending_batches += len(group)
             n_tokens += sum(len(r.tokens) for r in recs)
-            bar.update(1)
+            bar.update(len(group))
             bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - t0):.0f}")
             if sum(len(r.tokens) for r in pending) >= shard_tokens:
                 _flush(part, meta, pending, pending_batches)

@@ -2,7 +2,8 @@
 
 Why a custom autograd function: every head kind ends in the target's frozen lm_head, and for a batch of
 a few thousand positions the fp32 logits alone are gigabytes. Here the forward keeps only the softmax in
-the matmul dtype (bf16 on CPUs with AMX/AVX512-BF16 runs ~2x faster than fp32) and the backward turns it
+the matmul dtype (bf16 on CPUs with AMX/AVX512-BF16 runs ~2x faster than fp32; on AVX2-only CPUs it is
+emulated and several times slower, hence trtspec.dtypes' auto policy) and the backward turns it
 into the gradient w.r.t. the head's output; the lm_head gets no gradient (it is the target's).
 
 Targets are sparse distributions: ``idx`` [N, J] token ids with weights ``w`` [N, J]. A hard label is one

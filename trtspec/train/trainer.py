@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trtspec.dtypes import resolve_dtype
 from trtspec.errors import UsageError
 from trtspec.spec import TargetSpec
 from trtspec.train.cache import HiddenCache
@@ -51,7 +52,7 @@ class TrainConfig:
     soft_weight: float = 0.0      # weight of the target's cached top-k distribution (needs a --topk cache)
     reg_weight: float = 1.0       # eagle feature regression
     step_decay: float = 0.8       # weight of unrolled step s = step_decay ** s
-    lm_dtype: str = "bfloat16"    # dtype of the shared lm_head matmul (bf16: ~2x faster on AMX CPUs)
+    lm_dtype: str = "auto"        # dtype of the shared lm_head matmul; auto: bf16 where native (~2x faster), else fp32
     train_on: str = "generated"   # "generated": loss on the target's own reply only (q >= prompt_len - 1)
     label_vocab: str = "full"     # "cache": softmax over the tokens the target ever chose on the data only
     seed: int = 0
@@ -334,7 +335,7 @@ def train(target: TargetSpec, cache: HiddenCache, cfg: TrainConfig, ckpt_dir: st
     if device is None:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(cfg.seed)
-    lm_dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[cfg.lm_dtype]
+    lm_dtype = resolve_dtype(cfg.lm_dtype, device).dtype
     embed, lm = shared_weights(target, lm_dtype)
     remap = None
     if cfg.label_vocab == "cache":

@@ -112,18 +112,20 @@ def tune_on_cache(gen, cache: HiddenCache, eval_items: list[list[int]], budgets:
 
 def tune(target, heads, heads_format, calib_samples, eval_samples, budgets, depth=None, topk=8,
          cache_dir: Path | None = None, gen_tokens: int = 96, max_new_tokens: int = 64, speed: bool = True,
-         echo=print, draft_vocab: int | None = None, dtype: str = "float32") -> dict:
+         echo=print, draft_vocab: int | None = None, dtype: str = "auto") -> dict:
     """CLI entry: load target + heads, cache the target's replies to the calibration prompts, tune. The
-    cache and the timed decoding both run in ``dtype`` (bfloat16: pre-packed CPU kernels)."""
-    import torch
-
+    cache and the timed decoding both run in ``dtype`` (``auto``: trtspec.dtypes' policy; bfloat16 uses
+    pre-packed CPU kernels), announced in one line once the inputs loaded."""
     from trtspec.load import load_spec_model, load_tokenizer
+    from trtspec.cpu import setup_compute
     from trtspec.runtime.generate import SpeculativeGenerator
     from trtspec.train.data import encode_prompt
 
     spec = load_spec_model(target, heads, heads_format, tree="chain:1", dtype="float32", draft_vocab=draft_vocab)
-    gen = SpeculativeGenerator(spec, dtype=getattr(torch, dtype))
     tok = load_tokenizer(spec.target)
+    choice = setup_compute(dtype, echo=echo)
+    dtype = choice.name
+    gen = SpeculativeGenerator(spec, dtype=choice.dtype)
     calib = [encode_prompt(tok, s) for s in calib_samples]
     evals = [encode_prompt(tok, s) for s in eval_samples]
     build_cache(spec.target, calib, cache_dir, mode="generate", gen_tokens=gen_tokens, model=gen.target, dtype=dtype)

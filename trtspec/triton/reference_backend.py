@@ -125,6 +125,17 @@ class _Live:
                      first_token_ns=self.first_ns, last_token_ns=self.last_ns)
 
 
+def serving_compute(dtype: str | None, device: str, threads: int = 0, echo=print):
+    """The served runtime's dtype and threads: ``threads`` > 0 is obeyed, else every core the server
+    process is given (affinity / cgroup quota); ``dtype`` None or ``auto`` follows the auto policy of
+    the machine that serves (trtspec.dtypes), a name is obeyed. Prints the one line every command prints."""
+    from trtspec.cpu import configure_threads, setup_compute
+
+    if threads > 0:
+        configure_threads(threads)
+    return setup_compute(dtype or "auto", device, echo=echo)
+
+
 class ReferenceBackend:
     """Owns one SpeculativeGenerator and the worker thread that feeds it."""
 

@@ -45,7 +45,7 @@ class TritonPythonModel:
 
         from trtspec.load import load_spec_model
         from trtspec.runtime.generate import SpeculativeGenerator
-        from trtspec.triton.reference_backend import ReferenceBackend, parse_bool
+        from trtspec.triton.reference_backend import ReferenceBackend, parse_bool, serving_compute
 
         cfg = json.loads(args["model_config"])
         self.model_config = cfg
@@ -57,18 +57,16 @@ class TritonPythonModel:
         dtype = _param(cfg, "trtspec_dtype") or None
         device = _param(cfg, "trtspec_device", "auto") or "auto"
         threads = int(_param(cfg, "trtspec_torch_threads", "0") or 0)
-        if threads > 0:
-            torch.set_num_threads(threads)
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda"):
             ids = _param(cfg, "gpu_device_ids")
             if ids and device == "cuda":
                 device = f"cuda:{ids.split(',')[0].strip()}"
+        choice = serving_compute(dtype, device, threads, echo=lambda line: print(f"tensorrt_llm (reference): {line}"))
         spec = load_spec_model(target, heads, heads_format=kind if heads else None,
-                               tree=tree if heads else None, dtype=dtype)
-        torch_dtype = None if device == "cpu" else spec.dtype
-        self.generator = SpeculativeGenerator(spec, device=device, dtype=torch_dtype)
+                               tree=tree if heads else None, dtype=choice.dtype)
+        self.generator = SpeculativeGenerator(spec, device=device, dtype=choice.dtype)
         self.max_seq_len = int(_param(cfg, "max_seq_len", "0") or 0) or spec.target.arch.max_position_embeddings
         self.default_exclude_input = parse_bool(_param(cfg, "exclude_input_in_output", "true"), True)
         eos = spec.target.arch.eos_token_id
