@@ -16,11 +16,9 @@ directory exists (``--retrain`` to redo). Prepare the model first: ``python scri
 
 from __future__ import annotations
 
-import os
-
-
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,8 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 import torch
 
-from trtspec.load import load_spec_model, load_tokenizer
 from trtspec.checkpoint.target import load_hf_causal_lm
+from trtspec.load import load_spec_model, load_tokenizer
 from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.data import chitchat_samples, encode_prompt, split_holdout
 
@@ -63,16 +61,23 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--soft-weight", type=float, default=0.3)
     ap.add_argument("--unroll", type=int, default=2)
     ap.add_argument("--nodes", default="2,4,8", help="tree budgets tried per run (best measured speed reported)")
-    ap.add_argument("--draft-vocab", default="0,8192",
-                    help="draft vocabularies tried per run (0 = full; N = the N tokens the target writes most)")
+    ap.add_argument(
+        "--draft-vocab",
+        default="0,8192",
+        help="draft vocabularies tried per run (0 = full; N = the N tokens the target writes most)",
+    )
     ap.add_argument("--eval-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--only", choices=["cache", "train", "all"], default="all")
     ap.add_argument("--retrain", action="store_true")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
-                    help="dtype of the cache and of both plain and speculative decoding (auto: bfloat16 with "
-                         "pre-packed oneDNN kernels where the CPU has AVX512-BF16/AMX, else float32)")
+    ap.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="dtype of the cache and of both plain and speculative decoding (auto: bfloat16 with "
+        "pre-packed oneDNN kernels where the CPU has AVX512-BF16/AMX, else float32)",
+    )
     args = ap.parse_args()
     from trtspec.dtypes import resolve_dtype
 
@@ -100,17 +105,34 @@ def main() -> None:
     target, tok, train_items, held_items = prepare(args)
     t0 = time.perf_counter()
     cache_dir = args.out / "cache"
-    build_cache(target, train_items, cache_dir, mode="generate", gen_tokens=args.gen_tokens, topk=args.topk,
-                batch_size=args.cache_batch, dtype=args.dtype)
+    build_cache(
+        target,
+        train_items,
+        cache_dir,
+        mode="generate",
+        gen_tokens=args.gen_tokens,
+        topk=args.topk,
+        batch_size=args.cache_batch,
+        dtype=args.dtype,
+    )
     cache = HiddenCache(cache_dir, target.fingerprint)
-    print(f"cache: {len(cache.sequences)} sequences, {cache.num_tokens} tokens ({time.perf_counter() - t0:.0f} s)",
-          flush=True)
+    print(
+        f"cache: {len(cache.sequences)} sequences, {cache.num_tokens} tokens ({time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
     if args.only == "cache":
         return
-    calib_items, eval_items = held_items[: len(held_items) - args.eval_prompts], held_items[-args.eval_prompts:]
+    calib_items, eval_items = held_items[: len(held_items) - args.eval_prompts], held_items[-args.eval_prompts :]
     calib_dir = args.out / "calib"
-    build_cache(target, calib_items, calib_dir, mode="generate", gen_tokens=args.gen_tokens, batch_size=args.cache_batch,
-                dtype=args.dtype)
+    build_cache(
+        target,
+        calib_items,
+        calib_dir,
+        mode="generate",
+        gen_tokens=args.gen_tokens,
+        batch_size=args.cache_batch,
+        dtype=args.dtype,
+    )
     calib = HiddenCache(calib_dir, target.fingerprint)
     budgets = [int(x) for x in args.nodes.split(",")]
     vocabs = [int(x) for x in args.draft_vocab.split(",")]
@@ -120,12 +142,22 @@ def main() -> None:
 
         dv = frequent_tokens(cache, target.arch.vocab_size, max(vocabs))
         for n in sorted(v for v in vocabs if v):
-            print(f"draft vocabulary {n}: covers {dv.coverage_of(n):.2%} of the target's "
-                  f"choices on the training data ({dv.distinct} distinct tokens)", flush=True)
-    results = {"target": str(args.target), "cache_tokens": cache.num_tokens, "cache_sequences": len(cache.sequences),
-               "calibration_tokens": calib.num_tokens, "eval_prompts": len(eval_items),
-               "max_new_tokens": args.max_new_tokens, "threads": torch.get_num_threads(), "dtype": args.dtype,
-               "runs": {}}
+            print(
+                f"draft vocabulary {n}: covers {dv.coverage_of(n):.2%} of the target's "
+                f"choices on the training data ({dv.distinct} distinct tokens)",
+                flush=True,
+            )
+    results = {
+        "target": str(args.target),
+        "cache_tokens": cache.num_tokens,
+        "cache_sequences": len(cache.sequences),
+        "calibration_tokens": calib.num_tokens,
+        "eval_prompts": len(eval_items),
+        "max_new_tokens": args.max_new_tokens,
+        "threads": torch.get_num_threads(),
+        "dtype": args.dtype,
+        "runs": {},
+    }
     results_path = args.out / "results.json"
     mine: set[str] = set()  # rows this process produced; other rows come from the file
     merge_runs(results_path, results, mine)
@@ -141,15 +173,33 @@ def main() -> None:
             continue
         by_vocab = {}
         for size in vocabs:
-            print(f"{name}: evaluating with {'the full vocabulary' if not size else f'a {size}-token draft vocabulary'}",
-                  flush=True)
+            print(
+                f"{name}: evaluating with {'the full vocabulary' if not size else f'a {size}-token draft vocabulary'}",
+                flush=True,
+            )
             by_vocab[size] = evaluate(args, heads_dir, calib, eval_items, budgets, size)
         best_size = max(by_vocab, key=lambda n: by_vocab[n]["speedup"] or 0.0)
         row = dict(by_vocab[best_size])
-        row.update(kind=kind, rmsnorm=rms, training=info, draft_vocab=best_size,
-                   by_draft_vocab={str(n): {k: r[k] for k in ("best_nodes", "mean_acceptance_length", "tokens_per_s",
-                                                              "plain_tokens_per_s", "speedup", "identical_to_plain")}
-                                   for n, r in by_vocab.items()})
+        row.update(
+            kind=kind,
+            rmsnorm=rms,
+            training=info,
+            draft_vocab=best_size,
+            by_draft_vocab={
+                str(n): {
+                    k: r[k]
+                    for k in (
+                        "best_nodes",
+                        "mean_acceptance_length",
+                        "tokens_per_s",
+                        "plain_tokens_per_s",
+                        "speedup",
+                        "identical_to_plain",
+                    )
+                }
+                for n, r in by_vocab.items()
+            },
+        )
         merge_runs(results_path, results, mine)  # keep rows another bench process wrote meanwhile
         results["runs"][name] = row
         mine.add(name)
@@ -185,15 +235,33 @@ def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
     if heads_dir.exists() and info_path.is_file() and not args.retrain:
         return json.loads(info_path.read_text())
     linear = kind in ("medusa", "mtp-linear")
-    cfg = TrainConfig(kind=kind, num_heads=args.num_heads, rmsnorm=rms,
-                      epochs=args.epochs_linear if linear else args.epochs_recurrent,
-                      lr=args.lr_linear if linear else args.lr_recurrent,
-                      batch_tokens=args.batch_tokens, soft_weight=args.soft_weight if cache.has_topk else 0.0,
-                      label_vocab="cache", unroll=args.unroll, seed=0, ckpt_every=0)
+    cfg = TrainConfig(
+        kind=kind,
+        num_heads=args.num_heads,
+        rmsnorm=rms,
+        epochs=args.epochs_linear if linear else args.epochs_recurrent,
+        lr=args.lr_linear if linear else args.lr_recurrent,
+        batch_tokens=args.batch_tokens,
+        soft_weight=args.soft_weight if cache.has_topk else 0.0,
+        label_vocab="cache",
+        unroll=args.unroll,
+        seed=0,
+        ckpt_every=0,
+    )
     module, res = train(target, cache, cfg, ckpt_dir=None, progress=True)
-    info = {"epochs": cfg.epochs, "lr": cfg.lr, "unroll": cfg.unroll, "soft_weight": cfg.soft_weight,
-            "train_on": cfg.train_on, "steps": res.steps, "first_loss": res.losses[0] if res.losses else None, "final_loss": res.final_loss,
-            "per_step_or_head_ce": res.step_losses, "train_s": res.wall_s, "train_tokens_per_s": res.tokens_per_s}
+    info = {
+        "epochs": cfg.epochs,
+        "lr": cfg.lr,
+        "unroll": cfg.unroll,
+        "soft_weight": cfg.soft_weight,
+        "train_on": cfg.train_on,
+        "steps": res.steps,
+        "first_loss": res.losses[0] if res.losses else None,
+        "final_loss": res.final_loss,
+        "per_step_or_head_ce": res.step_losses,
+        "train_s": res.wall_s,
+        "train_tokens_per_s": res.tokens_per_s,
+    }
     save_heads(kind, module, target, heads_dir, info, rmsnorm=rms)
     info_path.write_text(json.dumps(info, indent=2) + "\n")
     print(f"{name}: loss {info['first_loss']:.3f} -> {info['final_loss']:.3f} in {res.wall_s:.0f} s", flush=True)
@@ -207,26 +275,47 @@ def evaluate(args, heads_dir: Path, calib, eval_items, budgets, draft_vocab: int
     spec = load_spec_model(args.target, heads_dir, tree="chain:1", dtype="float32", draft_vocab=draft_vocab)
     gen = SpeculativeGenerator(spec, dtype=getattr(torch, args.dtype))
     t0 = time.perf_counter()
-    rep = tune_on_cache(gen, calib, eval_items, budgets, topk=8, max_new_tokens=args.max_new_tokens, speed=True,
-                        echo=lambda s: print(s, flush=True))
+    rep = tune_on_cache(
+        gen,
+        calib,
+        eval_items,
+        budgets,
+        topk=8,
+        max_new_tokens=args.max_new_tokens,
+        speed=True,
+        echo=lambda s: print(s, flush=True),
+    )
     best = rep["best"]
-    return {"best_nodes": best["nodes"], "choices": best["choices_json"], "expected_acceptance": best["expected"],
-            "mean_acceptance_length": best["measured"], "per_position_acceptance": best["per_position"],
-            "tokens_per_s": best["tokens_per_s"], "plain_tokens_per_s": best["plain_tokens_per_s"],
-            "speedup": best["speedup"], "identical_to_plain": best["identical_to_plain"],
-            "per_depth_topk": rep["per_depth_topk"], "budgets": rep["budgets"], "eval_s": time.perf_counter() - t0}
+    return {
+        "best_nodes": best["nodes"],
+        "choices": best["choices_json"],
+        "expected_acceptance": best["expected"],
+        "mean_acceptance_length": best["measured"],
+        "per_position_acceptance": best["per_position"],
+        "tokens_per_s": best["tokens_per_s"],
+        "plain_tokens_per_s": best["plain_tokens_per_s"],
+        "speedup": best["speedup"],
+        "identical_to_plain": best["identical_to_plain"],
+        "per_depth_topk": rep["per_depth_topk"],
+        "budgets": rep["budgets"],
+        "eval_s": time.perf_counter() - t0,
+    }
 
 
 def print_table(results: dict) -> None:
     print()
-    print(f"{'run':<20} {'loss':>7} {'vocab':>6} {'nodes':>5} {'E[AL]':>6} {'AL':>6} {'per-position acceptance':<26} "
-          f"{'spec t/s':>8} {'plain t/s':>9} {'speedup':>7} {'same':>5}")
+    print(
+        f"{'run':<20} {'loss':>7} {'vocab':>6} {'nodes':>5} {'E[AL]':>6} {'AL':>6} {'per-position acceptance':<26} "
+        f"{'spec t/s':>8} {'plain t/s':>9} {'speedup':>7} {'same':>5}"
+    )
     for name, r in results["runs"].items():
         pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"])
         vocab = r.get("draft_vocab") or "full"
-        print(f"{name:<20} {r['training']['final_loss']:>7.3f} {vocab:>6} {r['best_nodes']:>5} {r['expected_acceptance']:>6.2f} "
-              f"{r['mean_acceptance_length']:>6.2f} {pp:<26} {r['tokens_per_s']:>8.1f} {r['plain_tokens_per_s']:>9.1f} "
-              f"{r['speedup']:>6.2f}x {str(r['identical_to_plain']):>5}")
+        print(
+            f"{name:<20} {r['training']['final_loss']:>7.3f} {vocab:>6} {r['best_nodes']:>5} {r['expected_acceptance']:>6.2f} "
+            f"{r['mean_acceptance_length']:>6.2f} {pp:<26} {r['tokens_per_s']:>8.1f} {r['plain_tokens_per_s']:>9.1f} "
+            f"{r['speedup']:>6.2f}x {str(r['identical_to_plain']):>5}"
+        )
     print(flush=True)
 
 

@@ -34,13 +34,17 @@ def domain_prompts(tok, n: int, seed: int = 0) -> dict[str, list[list[int]]]:
 
     rng = random.Random(seed)
     chat = [s for s in load_samples(["chitchat:3000"], seed)[-n:]]
-    chat_ids = [tok.apply_chat_template([{"role": r, "content": c} for r, c in s.messages[:1]],
-                                        add_generation_prompt=True, tokenize=True) for s in chat]
+    chat_ids = [
+        tok.apply_chat_template(
+            [{"role": r, "content": c} for r, c in s.messages[:1]], add_generation_prompt=True, tokenize=True
+        )
+        for s in chat
+    ]
     chat_ids = [c["input_ids"] if hasattr(c, "keys") else c for c in chat_ids]
     sources = [inspect.getsource(m) for m in (json_mod, codecs, inspect, random)]
-    code = [tok(src[i * 800:(i * 800) + 800])["input_ids"] for i, src in enumerate(sources[:n])]
+    code = [tok(src[i * 800 : (i * 800) + 800])["input_ids"] for i, src in enumerate(sources[:n])]
     zen = __import__("this").s
-    gibberish = [tok(zen[i * 120:(i * 120) + 240])["input_ids"] for i in range(n)]
+    gibberish = [tok(zen[i * 120 : (i * 120) + 240])["input_ids"] for i in range(n)]
     rand = [[rng.randrange(100, 40000) for _ in range(48)] for _ in range(n)]
     return {"chat": chat_ids, "code": code, "gibberish": gibberish, "random": rand}
 
@@ -96,18 +100,42 @@ def main() -> None:
                     ref = ref or r.tokens
                     identical &= r.tokens == ref
             tps = {v: a["tokens"] / a["wall"] for v, a in acc.items()}
-            out[domain] = {"tokens_per_s": tps, "identical": identical,
-                           "acceptance_length": {v: (a["accepted"] + a["seq"]) / max(a["seq"], 1) for v, a in acc.items()},
-                           "speculative_share": acc["adaptive"]["spec"] / max(acc["adaptive"]["steps"], 1)}
-            rows.append([domain, f"{tps['plain']:.1f}", f"{tps['fixed']:.1f} ({tps['fixed'] / tps['plain']:.2f}x)",
-                         f"{tps['adaptive']:.1f} ({tps['adaptive'] / tps['plain']:.2f}x)",
-                         f"{out[domain]['acceptance_length']['fixed']:.2f}",
-                         f"{out[domain]['speculative_share']:.0%}", "yes" if identical else "NO"])
-    print(f"target {args.target.name}, drafter {spec.drafter.kind} ({heads if args.heads else 'first 4 layers'}), "
-          f"tree {spec.tree.num_nodes} nodes, dtype {dtype}, {torch.get_num_threads()} threads, "
-          f"{args.prompts} prompts x {args.max_tokens} tokens per domain")
-    print(table(["domain", "plain tok/s", "fixed tree", "adaptive", "accept len (fixed)", "adaptive spec steps",
-                 "identical"], rows))
+            out[domain] = {
+                "tokens_per_s": tps,
+                "identical": identical,
+                "acceptance_length": {v: (a["accepted"] + a["seq"]) / max(a["seq"], 1) for v, a in acc.items()},
+                "speculative_share": acc["adaptive"]["spec"] / max(acc["adaptive"]["steps"], 1),
+            }
+            rows.append(
+                [
+                    domain,
+                    f"{tps['plain']:.1f}",
+                    f"{tps['fixed']:.1f} ({tps['fixed'] / tps['plain']:.2f}x)",
+                    f"{tps['adaptive']:.1f} ({tps['adaptive'] / tps['plain']:.2f}x)",
+                    f"{out[domain]['acceptance_length']['fixed']:.2f}",
+                    f"{out[domain]['speculative_share']:.0%}",
+                    "yes" if identical else "NO",
+                ]
+            )
+    print(
+        f"target {args.target.name}, drafter {spec.drafter.kind} ({heads if args.heads else 'first 4 layers'}), "
+        f"tree {spec.tree.num_nodes} nodes, dtype {dtype}, {torch.get_num_threads()} threads, "
+        f"{args.prompts} prompts x {args.max_tokens} tokens per domain"
+    )
+    print(
+        table(
+            [
+                "domain",
+                "plain tok/s",
+                "fixed tree",
+                "adaptive",
+                "accept len (fixed)",
+                "adaptive spec steps",
+                "identical",
+            ],
+            rows,
+        )
+    )
     worst = min(out, key=lambda d: out[d]["tokens_per_s"]["adaptive"] / out[d]["tokens_per_s"]["plain"])
     ratio = out[worst]["tokens_per_s"]["adaptive"] / out[worst]["tokens_per_s"]["plain"]
     print(f"worst domain for adaptive: {worst}, {ratio:.2f}x plain")

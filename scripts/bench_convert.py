@@ -34,18 +34,38 @@ def make_synthetic(out: Path, target_gb: float) -> Path:
     d = H // nh
     per_layer = 2 * (H * H + nkv * d * H) + 3 * H * I + 2 * H
     layers = max(1, round((target_gb * 1e9 / 2 - 2 * V * H - H) / per_layer))
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": I,
-           "num_hidden_layers": layers, "num_attention_heads": nh, "num_key_value_heads": nkv, "vocab_size": V,
-           "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 4096, "hidden_act": "silu",
-           "tie_word_embeddings": False, "torch_dtype": "float16"}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "intermediate_size": I,
+        "num_hidden_layers": layers,
+        "num_attention_heads": nh,
+        "num_key_value_heads": nkv,
+        "vocab_size": V,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 4096,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+    }
     shapes = {"model.embed_tokens.weight": (V, H)}
     for l in range(layers):
         p = f"model.layers.{l}."
-        shapes.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
-                       p + "self_attn.q_proj.weight": (H, H), p + "self_attn.k_proj.weight": (nkv * d, H),
-                       p + "self_attn.v_proj.weight": (nkv * d, H), p + "self_attn.o_proj.weight": (H, H),
-                       p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
-                       p + "mlp.down_proj.weight": (H, I)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (H,),
+                p + "post_attention_layernorm.weight": (H,),
+                p + "self_attn.q_proj.weight": (H, H),
+                p + "self_attn.k_proj.weight": (nkv * d, H),
+                p + "self_attn.v_proj.weight": (nkv * d, H),
+                p + "self_attn.o_proj.weight": (H, H),
+                p + "mlp.gate_proj.weight": (I, H),
+                p + "mlp.up_proj.weight": (I, H),
+                p + "mlp.down_proj.weight": (H, I),
+            }
+        )
     shapes.update({"model.norm.weight": (H,), "lm_head.weight": (V, H)})
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -70,22 +90,36 @@ def make_synthetic(out: Path, target_gb: float) -> Path:
 
 def child(target: str, out: str, tp: int) -> None:
     """Runs in its own process: load lazily, convert, report."""
-    from trtspec.load import load_spec_model
     from trtspec.convert.core import convert, peak_rss_bytes
     from trtspec.convert.modes import ConvertOptions
+    from trtspec.load import load_spec_model
 
     spec = load_spec_model(target)
     before = peak_rss_bytes()
     largest = max(spec.target.tensors[n].nbytes for n in spec.target.tensors)
     r = convert(spec, out, ConvertOptions(tp_size=tp), overwrite=True)
-    print(json.dumps({"seconds": r.seconds, "written": r.written_bytes, "peak_rss": peak_rss_bytes(),
-                      "rss_before": before, "largest": largest, "model": spec.target.tensors.total_bytes(),
-                      "tensors": r.tensors}))
+    print(
+        json.dumps(
+            {
+                "seconds": r.seconds,
+                "written": r.written_bytes,
+                "peak_rss": peak_rss_bytes(),
+                "rss_before": before,
+                "largest": largest,
+                "model": spec.target.tensors.total_bytes(),
+                "tensors": r.tensors,
+            }
+        )
+    )
 
 
 def run_case(name: str, target: Path, out: Path, tp: int) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", str(target), str(out), str(tp)],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", str(target), str(out), str(tp)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode:
         sys.exit(f"{name}: conversion failed:\n{proc.stderr[-2000:]}")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -124,11 +158,14 @@ def main() -> None:
         for tp in [t for t in tps if heads % t == 0] or [1]:
             rows.append(run_case(name, path, args.work / "out", tp))
             r = rows[-1]
-            print(f"{r['case']:<30} tp{tp}: {r['seconds']:7.2f} s  {r['written'] / r['seconds'] / 1e6:7.1f} MB/s  "
-                  f"peak RSS {r['peak_rss'] / 2**20:7.0f} MiB (before convert {r['rss_before'] / 2**20:.0f} MiB)  "
-                  f"largest tensor {r['largest'] / 2**20:6.0f} MiB  model {r['model'] / 2**20:7.0f} MiB  "
-                  f"peak-before = {(r['peak_rss'] - r['rss_before']) / max(r['largest'], 1):.2f}x largest, "
-                  f"{(r['peak_rss'] - r['rss_before']) / max(r['model'], 1):.3f}x model", flush=True)
+            print(
+                f"{r['case']:<30} tp{tp}: {r['seconds']:7.2f} s  {r['written'] / r['seconds'] / 1e6:7.1f} MB/s  "
+                f"peak RSS {r['peak_rss'] / 2**20:7.0f} MiB (before convert {r['rss_before'] / 2**20:.0f} MiB)  "
+                f"largest tensor {r['largest'] / 2**20:6.0f} MiB  model {r['model'] / 2**20:7.0f} MiB  "
+                f"peak-before = {(r['peak_rss'] - r['rss_before']) / max(r['largest'], 1):.2f}x largest, "
+                f"{(r['peak_rss'] - r['rss_before']) / max(r['model'], 1):.3f}x model",
+                flush=True,
+            )
     print(json.dumps(rows, indent=1))
     if synth is not None and not args.keep:
         shutil.rmtree(synth, ignore_errors=True)

@@ -34,8 +34,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
-            "TRTSPEC_CPU_BF16": "0"}
+AVX2_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "TRTSPEC_CPU_BF16": "0",
+}
 FLAGS_SHOWN = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
 
@@ -48,18 +52,27 @@ def cpu_header() -> dict:
 
     model = platform.processor() or platform.machine()
     try:
-        model = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                     if ln.startswith("model name"))
+        model = next(
+            ln.split(":", 1)[1].strip()
+            for ln in Path("/proc/cpuinfo").read_text().splitlines()
+            if ln.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     flags = _cpuinfo_flags() or set()
     cores, why = usable_cores()
     threads, twhy = configure_threads()
-    return {"cpu": model, "flags": [f for f in FLAGS_SHOWN if f in flags], "torch": torch.__version__,
-            "capability": torch.backends.cpu.get_cpu_capability(), "usable_cores": f"{cores} ({why})",
-            "threads": f"{threads} ({twhy})", "load_avg": [round(x, 2) for x in os.getloadavg()],
-            "auto": resolve_dtype("auto").describe(),
-            "env": {k: os.environ[k] for k in AVX2_ENV if k in os.environ}}
+    return {
+        "cpu": model,
+        "flags": [f for f in FLAGS_SHOWN if f in flags],
+        "torch": torch.__version__,
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "usable_cores": f"{cores} ({why})",
+        "threads": f"{threads} ({twhy})",
+        "load_avg": [round(x, 2) for x in os.getloadavg()],
+        "auto": resolve_dtype("auto").describe(),
+        "env": {k: os.environ[k] for k in AVX2_ENV if k in os.environ},
+    }
 
 
 def _rate(fn, min_s: float) -> float:
@@ -90,8 +103,14 @@ def bench_matmul(dtypes: list[str], m: int, min_s: float) -> list[dict]:
             if dt == "bfloat16" and packing_supported():
                 p = pack_projection(w)
                 r = _rate(lambda p=p, a=a: p(a), min_s)
-                rows.append({"matmul": name, "shape": f"{M}x{K} @ {K}x{N}", "dtype": "bfloat16-packed",
-                             "gflops": 2 * M * K * N * r / 1e9})
+                rows.append(
+                    {
+                        "matmul": name,
+                        "shape": f"{M}x{K} @ {K}x{N}",
+                        "dtype": "bfloat16-packed",
+                        "gflops": 2 * M * K * N * r / 1e9,
+                    }
+                )
     return rows
 
 
@@ -99,8 +118,8 @@ def bench_model(args, dtypes: list[str]) -> list[dict]:
     """Cache, training and decoding per dtype on the real target."""
     import torch
 
-    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.checkpoint.target import load_hf_causal_lm
+    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
     from trtspec.train.cache import HiddenCache, build_cache
     from trtspec.train.data import encode_prompt, load_samples
@@ -111,7 +130,7 @@ def bench_model(args, dtypes: list[str]) -> list[dict]:
     tok = load_tokenizer(target)
     samples = load_samples([f"chitchat:{args.prompts + args.decode_prompts}"], 0)
     items = [encode_prompt(tok, s) for s in samples[: args.prompts]]
-    prompts = [encode_prompt(tok, s) for s in samples[args.prompts: args.prompts + args.decode_prompts]]
+    prompts = [encode_prompt(tok, s) for s in samples[args.prompts : args.prompts + args.decode_prompts]]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-cpu-") as tmp:
         for dt in dtypes:
@@ -122,10 +141,15 @@ def bench_model(args, dtypes: list[str]) -> list[dict]:
             wall = time.perf_counter() - t0
             cache = HiddenCache(cdir)
             generated = sum(n - p for (_, _, n), p in zip(cache.sequences, cache.prompt_lengths))
-            row.update(cache_tok_s=cache.num_tokens / wall, cache_generated_tok_s=generated / wall,
-                       cache_tokens=cache.num_tokens, cache_s=wall)
-            cfg = TrainConfig(kind="mtp-single", steps=1, batch_tokens=args.batch_tokens, lm_dtype=dt, ckpt_every=0,
-                              warmup=1)
+            row.update(
+                cache_tok_s=cache.num_tokens / wall,
+                cache_generated_tok_s=generated / wall,
+                cache_tokens=cache.num_tokens,
+                cache_s=wall,
+            )
+            cfg = TrainConfig(
+                kind="mtp-single", steps=1, batch_tokens=args.batch_tokens, lm_dtype=dt, ckpt_every=0, warmup=1
+            )
             train(target, cache, cfg, progress=False)  # warm-up: allocation and kernel set-up are one-off costs
             cfg.steps = args.train_steps
             module, res = train(target, cache, cfg, progress=False)
@@ -137,10 +161,13 @@ def bench_model(args, dtypes: list[str]) -> list[dict]:
             gen.generate(prompts[:1], GenerationConfig(max_new_tokens=4, speculative=False))  # warm-up
             plain = gen.generate(prompts, GenerationConfig(**{**gcfg.__dict__, "speculative": False}))
             spec_res = gen.generate(prompts, gcfg)
-            row.update(plain_tok_s=plain.metrics.tokens_per_s, spec_tok_s=spec_res.metrics.tokens_per_s,
-                       accept_len=spec_res.metrics.mean_acceptance_length,
-                       identical=plain.tokens == spec_res.tokens, heads="given" if args.heads else
-                       f"{args.train_steps} steps on the bench cache")
+            row.update(
+                plain_tok_s=plain.metrics.tokens_per_s,
+                spec_tok_s=spec_res.metrics.tokens_per_s,
+                accept_len=spec_res.metrics.mean_acceptance_length,
+                identical=plain.tokens == spec_res.tokens,
+                heads="given" if args.heads else f"{args.train_steps} steps on the bench cache",
+            )
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
     return rows
@@ -153,8 +180,12 @@ def fmt(v) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", type=Path, default=ROOT / ".cache" / "smollm2")
-    ap.add_argument("--heads", type=Path, default=None, help="trained heads for the speculative row (default: "
-                                                             "the few-step heads trained here)")
+    ap.add_argument(
+        "--heads",
+        type=Path,
+        default=None,
+        help="trained heads for the speculative row (default: the few-step heads trained here)",
+    )
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--matmul-m", type=int, default=1024, help="rows of the lm_head-shaped matmul")
     ap.add_argument("--min-s", type=float, default=1.0, help="seconds per matmul measurement")
@@ -187,14 +218,20 @@ def main() -> None:
             sys.exit(f"{args.target}: no model; run python scripts/prepare_smollm2.py first")
         rows = bench_model(args, dtypes)
         out["stages"] = rows
-        print(f"\n{args.prompts} prompts x <= {args.gen_tokens} reply tokens cached ({args.rows} rows); training "
-              f"{args.batch_tokens} tokens/step; decoding {args.decode_prompts} prompts x {args.decode_tokens} tokens")
-        print("| dtype | cache tok/s (all) | cache generated tok/s | train s/step | plain tok/s | spec tok/s | "
-              "accept len | identical |\n|---|---|---|---|---|---|---|---|")
+        print(
+            f"\n{args.prompts} prompts x <= {args.gen_tokens} reply tokens cached ({args.rows} rows); training "
+            f"{args.batch_tokens} tokens/step; decoding {args.decode_prompts} prompts x {args.decode_tokens} tokens"
+        )
+        print(
+            "| dtype | cache tok/s (all) | cache generated tok/s | train s/step | plain tok/s | spec tok/s | "
+            "accept len | identical |\n|---|---|---|---|---|---|---|---|"
+        )
         for r in rows:
-            print(f"| {r['dtype']} | {fmt(r['cache_tok_s'])} | {fmt(r['cache_generated_tok_s'])} | "
-                  f"{r['train_s_per_step']:.2f} | {fmt(r['plain_tok_s'])} | {fmt(r['spec_tok_s'])} | "
-                  f"{r['accept_len']:.2f} | {r['identical']} |")
+            print(
+                f"| {r['dtype']} | {fmt(r['cache_tok_s'])} | {fmt(r['cache_generated_tok_s'])} | "
+                f"{r['train_s_per_step']:.2f} | {fmt(r['plain_tok_s'])} | {fmt(r['spec_tok_s'])} | "
+                f"{r['accept_len']:.2f} | {r['identical']} |"
+            )
     print(f"# load_avg at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")

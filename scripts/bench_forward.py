@@ -79,8 +79,10 @@ def main() -> None:
             body, head = time_forward(model, T, args.repeat)
             base = base or body + head
             rows.append({"variant": name, "tokens": T, "body_ms": body, "lm_head_ms": head})
-            print(f"{name:<16} {T:>3} {body:>8.1f} {head:>10.1f} {body + head:>9.1f} {(body + head) / base:>6.2f}x",
-                  flush=True)
+            print(
+                f"{name:<16} {T:>3} {body:>8.1f} {head:>10.1f} {body + head:>9.1f} {(body + head) / base:>6.2f}x",
+                flush=True,
+            )
         del model
     if args.json:
         args.json.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")

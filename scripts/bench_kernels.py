@@ -106,11 +106,22 @@ def bench_rmsnorm(lib, copy_gbs: float) -> list[dict]:
                 goal = "ok" if pct >= 80 else "MISS (>= 80%)"
             elif (tokens, hidden) == (64, 4096):
                 goal = "ok" if k_us <= 3 else "MISS (<= 3 us)"
-            rows.append({"dtype": str(dtype).split(".")[-1], "T": tokens, "H": hidden, "K": heads,
-                         "T*H": tokens * hidden, "kernel_us": round(k_us, 2), "kernel_GBps": round(gbs, 1),
-                         "pct_copy_bw": round(pct, 1), "torch_us": round(r_us, 2),
-                         "torch_GBps": round(nbytes / (r_us * 1e-6) / 1e9, 1),
-                         "speedup_vs_torch": round(r_us / k_us, 2), "goal": goal})
+            rows.append(
+                {
+                    "dtype": str(dtype).split(".")[-1],
+                    "T": tokens,
+                    "H": hidden,
+                    "K": heads,
+                    "T*H": tokens * hidden,
+                    "kernel_us": round(k_us, 2),
+                    "kernel_GBps": round(gbs, 1),
+                    "pct_copy_bw": round(pct, 1),
+                    "torch_us": round(r_us, 2),
+                    "torch_GBps": round(nbytes / (r_us * 1e-6) / 1e9, 1),
+                    "speedup_vs_torch": round(r_us / k_us, 2),
+                    "goal": goal,
+                }
+            )
     return rows
 
 
@@ -161,14 +172,23 @@ def bench_tree_verify(lib) -> list[dict]:
         assert bool((want.accepted_len == depth).all()), "the benchmark logits must accept every level"
         torch_us = _time_us(lambda: reference.tree_verify_greedy_batched(paths, draft, ids), 100)
         torch_logits_us = _time_us(
-            lambda: reference.tree_verify_greedy_batched(paths, draft, logits.argmax(-1).int()), 30)
-        cases = [("greedy_ids", None, dict(target=ids)),
-                 ("greedy_logits_fp16", "1", dict(target=logits, target_kind="logits")),
-                 ("greedy_logits_fp16", None, dict(target=logits, target_kind="logits")),
-                 ("sampling_logits_fp16", "1", dict(target=logits, mode="sampling", target_kind="logits",
-                                                    temperature=temp, seed=seed)),
-                 ("sampling_logits_fp16", None, dict(target=logits, mode="sampling", target_kind="logits",
-                                                     temperature=temp, seed=seed))]
+            lambda: reference.tree_verify_greedy_batched(paths, draft, logits.argmax(-1).int()), 30
+        )
+        cases = [
+            ("greedy_ids", None, dict(target=ids)),
+            ("greedy_logits_fp16", "1", dict(target=logits, target_kind="logits")),
+            ("greedy_logits_fp16", None, dict(target=logits, target_kind="logits")),
+            (
+                "sampling_logits_fp16",
+                "1",
+                dict(target=logits, mode="sampling", target_kind="logits", temperature=temp, seed=seed),
+            ),
+            (
+                "sampling_logits_fp16",
+                None,
+                dict(target=logits, mode="sampling", target_kind="logits", temperature=temp, seed=seed),
+            ),
+        ]
         for name, cluster, kw in cases:
             target = kw.pop("target")
 
@@ -178,8 +198,11 @@ def bench_tree_verify(lib) -> list[dict]:
                 torch.cuda.synchronize()
                 if name != "sampling_logits_fp16":  # never time a wrong kernel
                     assert torch.equal(out.accepted_len, want.accepted_len) and torch.equal(out.tokens, want.tokens)
-                return (_time_graph_us(launch, per_graph=100), _time_us(launch, 200),
-                        float(out.accepted_len.float().mean()))
+                return (
+                    _time_graph_us(launch, per_graph=100),
+                    _time_us(launch, 200),
+                    float(out.accepted_len.float().mean()),
+                )
 
             k_us, e_us, acc = _with_cluster(cluster, run)
             row_bytes = batch * (acc + 1) * vocab * 2 if "logits" in name else 0
@@ -187,11 +210,21 @@ def bench_tree_verify(lib) -> list[dict]:
             goal = "-"
             if batch == 64 and cluster is None:
                 goal = "ok" if k_us <= GOALS_US[name] else f"MISS (<= {GOALS_US[name]:g} us)"
-            rows.append({"case": name, "cluster": cluster or "auto", "batch": batch, "nodes": n1,
-                         "vocab": vocab if "logits" in name else "-", "accepted": round(acc, 2),
-                         "kernel_us": round(k_us, 2), "row_GBps": round(row_bytes / (k_us * 1e-6) / 1e9, 1)
-                         if row_bytes else "-", "eager_call_us": round(e_us, 2),
-                         "torch_us": round(torch_ref, 2) if torch_ref else "-", "goal": goal})
+            rows.append(
+                {
+                    "case": name,
+                    "cluster": cluster or "auto",
+                    "batch": batch,
+                    "nodes": n1,
+                    "vocab": vocab if "logits" in name else "-",
+                    "accepted": round(acc, 2),
+                    "kernel_us": round(k_us, 2),
+                    "row_GBps": round(row_bytes / (k_us * 1e-6) / 1e9, 1) if row_bytes else "-",
+                    "eager_call_us": round(e_us, 2),
+                    "torch_us": round(torch_ref, 2) if torch_ref else "-",
+                    "goal": goal,
+                }
+            )
     return rows
 
 
@@ -209,8 +242,10 @@ def main() -> int:
     ap.add_argument("--json", help="also write the numbers to this file")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        print("bench_kernels: no CUDA GPU here (torch.cuda.is_available() is False); run it on a GPU machine",
-              file=sys.stderr)
+        print(
+            "bench_kernels: no CUDA GPU here (torch.cuda.is_available() is False); run it on a GPU machine",
+            file=sys.stderr,
+        )
         return 2
     from trtspec.kernels import bindings, build
 
@@ -226,13 +261,20 @@ def main() -> int:
     print("\nRmsNormHeads (head-major, K = 4; goals: >= 80% of copy bandwidth at T*H >= 4M, <= 3 us at T=64 H=4096)")
     print(_table(rms))
     tv = bench_tree_verify(lib)
-    print("\nTreeVerify (64-node tree, depth 5, 5 levels accepted; goals at batch 64: greedy ids < 10 us, "
-          "greedy logits <= 25 us, sampling <= 60 us)")
+    print(
+        "\nTreeVerify (64-node tree, depth 5, 5 levels accepted; goals at batch 64: greedy ids < 10 us, "
+        "greedy logits <= 25 us, sampling <= 60 us)"
+    )
     print(_table(tv))
     missed = [r for r in rms + tv if str(r.get("goal", "-")).startswith("MISS")]
-    print(f"\ngoals: {len(missed)} missed" + "".join(
-        f"\n  {r.get('case', 'rmsnorm_heads')} {r.get('dtype', '')} T={r.get('T', '')} H={r.get('H', '')} "
-        f"batch={r.get('batch', '')}: {r['kernel_us']} us {r['goal']}" for r in missed))
+    print(
+        f"\ngoals: {len(missed)} missed"
+        + "".join(
+            f"\n  {r.get('case', 'rmsnorm_heads')} {r.get('dtype', '')} T={r.get('T', '')} H={r.get('H', '')} "
+            f"batch={r.get('batch', '')}: {r['kernel_us']} us {r['goal']}"
+            for r in missed
+        )
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "copy_GBps": copy_gbs, "rmsnorm_heads": rms, "tree_verify": tv}, f, indent=2)

@@ -21,8 +21,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-PROMPTS = ["What is the capital of France?", "Write a short poem about the sea.",
-           "Explain what a neural network is in two sentences.", "List three fruits that are red."]
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a short poem about the sea.",
+    "Explain what a neural network is in two sentences.",
+    "List three fruits that are red.",
+]
 
 LOADER_PROBE = r"""
 import resource, sys, time, json
@@ -47,10 +51,10 @@ def bench_loader(target: Path) -> dict:
 
 
 def bench_decoding(target: Path, max_new: int, configs: list[tuple[int, str]]) -> list[dict]:
-    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.checkpoint.target import load_hf_causal_lm
     from trtspec.checkpoint.truncate import write_truncated_draft
     from trtspec.cli.generate import encode_prompt
+    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 
     tgt = load_hf_causal_lm(target)
@@ -65,8 +69,16 @@ def bench_decoding(target: Path, max_new: int, configs: list[tuple[int, str]]) -
         plain = [plain_gen.generate([p], cfg).tokens[0] for p in prompts]
         plain_s = time.perf_counter() - t
         n_tokens = sum(len(p) for p in plain)
-        rows.append({"drafter": "plain", "tree": "-", "accept_len": 1.0, "tok_s": n_tokens / plain_s,
-                     "speedup": 1.0, "identical": True})
+        rows.append(
+            {
+                "drafter": "plain",
+                "tree": "-",
+                "accept_len": 1.0,
+                "tok_s": n_tokens / plain_s,
+                "speedup": 1.0,
+                "identical": True,
+            }
+        )
         for layers, tree in configs:
             draft = Path(tmp) / f"draft{layers}"
             if not draft.exists():
@@ -78,12 +90,21 @@ def bench_decoding(target: Path, max_new: int, configs: list[tuple[int, str]]) -
             steps = sum(r.metrics.sequence_steps for r in results)
             acc = sum(r.metrics.accepted_draft_tokens for r in results)
             depth = max(len(r.metrics.per_position_acceptance) for r in results)
-            per_pos = [sum(r.metrics.per_position_acceptance[d] * r.metrics.sequence_steps for r in results) / steps
-                       for d in range(depth)]
-            rows.append({"drafter": f"first {layers} layers", "tree": tree, "accept_len": (acc + steps) / steps,
-                         "per_position": [round(p, 3) for p in per_pos], "tok_s": n_tokens / spec_s,
-                         "speedup": plain_s / spec_s,
-                         "identical": [r.tokens[0] for r in results] == plain})
+            per_pos = [
+                sum(r.metrics.per_position_acceptance[d] * r.metrics.sequence_steps for r in results) / steps
+                for d in range(depth)
+            ]
+            rows.append(
+                {
+                    "drafter": f"first {layers} layers",
+                    "tree": tree,
+                    "accept_len": (acc + steps) / steps,
+                    "per_position": [round(p, 3) for p in per_pos],
+                    "tok_s": n_tokens / spec_s,
+                    "speedup": plain_s / spec_s,
+                    "identical": [r.tokens[0] for r in results] == plain,
+                }
+            )
     return rows
 
 
@@ -100,15 +121,44 @@ def main() -> int:
 
     loader = bench_loader(args.target)
     print("loader (validation, memory-mapped tensors):")
-    print(table(["load s", "peak RSS MB", "RSS after import MB", "loader delta MB", "largest tensor MB", "model MB"],
-                [[loader["load_s"], loader["peak_rss_mb"], loader["rss_after_import_mb"], loader["loader_delta_mb"],
-                  loader["largest_tensor_mb"], loader["model_mb"]]]))
-    rows = bench_decoding(args.target, args.max_new_tokens, [(4, "chain:2"), (4, "chain:3"), (6, "chain:3"),
-                                                             (4, "[[0],[1],[0,0],[0,0,0]]")])
+    print(
+        table(
+            ["load s", "peak RSS MB", "RSS after import MB", "loader delta MB", "largest tensor MB", "model MB"],
+            [
+                [
+                    loader["load_s"],
+                    loader["peak_rss_mb"],
+                    loader["rss_after_import_mb"],
+                    loader["loader_delta_mb"],
+                    loader["largest_tensor_mb"],
+                    loader["model_mb"],
+                ]
+            ],
+        )
+    )
+    rows = bench_decoding(
+        args.target,
+        args.max_new_tokens,
+        [(4, "chain:2"), (4, "chain:3"), (6, "chain:3"), (4, "[[0],[1],[0,0],[0,0,0]]")],
+    )
     print(f"\ngreedy decoding, {len(PROMPTS)} chat prompts x {args.max_new_tokens} new tokens, batch 1:")
-    print(table(["drafter", "tree", "accept len", "per-position", "tokens/s", "speedup", "== plain"],
-                [[r["drafter"], r["tree"], r["accept_len"], " ".join(map(str, r.get("per_position", []))),
-                  r["tok_s"], r["speedup"], r["identical"]] for r in rows]))
+    print(
+        table(
+            ["drafter", "tree", "accept len", "per-position", "tokens/s", "speedup", "== plain"],
+            [
+                [
+                    r["drafter"],
+                    r["tree"],
+                    r["accept_len"],
+                    " ".join(map(str, r.get("per_position", []))),
+                    r["tok_s"],
+                    r["speedup"],
+                    r["identical"],
+                ]
+                for r in rows
+            ],
+        )
+    )
     if args.json:
         args.json.write_text(json.dumps({"loader": loader, "decoding": rows}, indent=2))
     return 0

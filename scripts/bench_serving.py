@@ -45,8 +45,11 @@ def offline(spec, tok, prompts, max_tokens, speculative) -> dict:
         toks += len(r.tokens[0])
         acc += r.metrics.accepted_draft_tokens
         steps += r.metrics.sequence_steps
-    return {"e2e_mean_ms": 1e3 * statistics.fmean(lat), "tokens_per_s": toks / sum(lat),
-            "mean_acceptance_length": (acc + steps) / max(steps, 1)}
+    return {
+        "e2e_mean_ms": 1e3 * statistics.fmean(lat),
+        "tokens_per_s": toks / sum(lat),
+        "mean_acceptance_length": (acc + steps) / max(steps, 1),
+    }
 
 
 def main() -> int:
@@ -60,20 +63,27 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--protocol", choices=["http", "grpc"], default="grpc")
-    ap.add_argument("--torch-threads", type=int, default=1,
-                    help="torch threads, offline and in the server alike (0 = torch's default); 1 is the robust "
-                         "choice on a small shared machine")
-    ap.add_argument("--chitchat", action="store_true",
-                    help="prompts = the held-out chitchat conversations bench_acceptance.py evaluates on")
+    ap.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch threads, offline and in the server alike (0 = torch's default); 1 is the robust "
+        "choice on a small shared machine",
+    )
+    ap.add_argument(
+        "--chitchat",
+        action="store_true",
+        help="prompts = the held-out chitchat conversations bench_acceptance.py evaluates on",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     if not (args.target / "config.json").is_file():
         sys.exit(f"error: {args.target}: no model (run scripts/prepare_smollm2.py first)")
 
-    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.checkpoint.target import load_hf_causal_lm
     from trtspec.client.bench import DEFAULT_PROMPTS, format_summary, run_bench
     from trtspec.client.common import GenerateParams
+    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.triton.emit import emit_repository
     from trtspec.triton.server import TritonServer
 
@@ -97,8 +107,8 @@ def main() -> int:
         from trtspec.train.data import chitchat_samples, encode_prompt, split_holdout
 
         _, held = split_holdout(chitchat_samples(700, seed=0), 40)
-        prompts = [tok.decode(encode_prompt(tok, s)) for s in held[-args.requests:]]
-        bad = sum(tok.encode(p) != encode_prompt(tok, s) for p, s in zip(prompts, held[-args.requests:]))
+        prompts = [tok.decode(encode_prompt(tok, s)) for s in held[-args.requests :]]
+        bad = sum(tok.encode(p) != encode_prompt(tok, s) for p, s in zip(prompts, held[-args.requests :]))
         if bad:
             print(f"warning: {bad} chat prompts do not re-tokenize to the same ids")
     params = GenerateParams(max_tokens=args.max_tokens, end_id=-1)  # fixed length: ignore EOS, fair timing
@@ -117,21 +127,34 @@ def main() -> int:
             off[label] = offline(spec, tok, prompts, args.max_tokens, speculative)
             url = srv.grpc_url if args.protocol == "grpc" else srv.http_url
             for i, c in enumerate(args.concurrency):
-                res = run_bench(url, args.protocol, "ensemble", prompts, args.requests, c, params,
-                                warmup=1 if i == 0 else 0, label=label)
+                res = run_bench(
+                    url,
+                    args.protocol,
+                    "ensemble",
+                    prompts,
+                    args.requests,
+                    c,
+                    params,
+                    warmup=1 if i == 0 else 0,
+                    label=label,
+                )
                 s = res.summary()
                 rows.append(s)
                 print(format_summary(s), flush=True)
                 for e in res.errors[:3]:
                     print("  error:", e)
     for lbl in ("speculative", "plain"):
-        line = (f"offline {lbl}: e2e mean {off[lbl]['e2e_mean_ms']:.0f} ms, {off[lbl]['tokens_per_s']:.1f} tok/s, "
-                f"mean acceptance length {off[lbl]['mean_acceptance_length']:.2f}")
+        line = (
+            f"offline {lbl}: e2e mean {off[lbl]['e2e_mean_ms']:.0f} ms, {off[lbl]['tokens_per_s']:.1f} tok/s, "
+            f"mean acceptance length {off[lbl]['mean_acceptance_length']:.2f}"
+        )
         served = [r for r in rows if r["label"] == lbl and r["concurrency"] == 1]
         if served:
             e2e = served[0]["e2e_mean_ms"]
-            line += (f"; Triton c=1 e2e mean {e2e:.0f} ms -> overhead {e2e - off[lbl]['e2e_mean_ms']:+.0f} ms "
-                     f"({100 * (e2e / off[lbl]['e2e_mean_ms'] - 1):+.1f}%)")
+            line += (
+                f"; Triton c=1 e2e mean {e2e:.0f} ms -> overhead {e2e - off[lbl]['e2e_mean_ms']:+.0f} ms "
+                f"({100 * (e2e / off[lbl]['e2e_mean_ms'] - 1):+.1f}%)"
+            )
         print(line)
     if args.json:
         args.json.write_text(json.dumps({"spec": spec.describe(), "served": rows, "offline": off}, indent=2))

@@ -11,16 +11,22 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trtspec.drafters.trtspec_heads import save_trtspec_heads as save_mtp
-from trtspec.load import load_spec_model
 from trtspec.demo.tiny import make_tiny_llama
 from trtspec.demo.tokenizer import write_char_tokenizer
+from trtspec.drafters.trtspec_heads import save_trtspec_heads as save_mtp
+from trtspec.load import load_spec_model
 from trtspec.spec import DrafterSpec, SpecModel
 
 #: Odd vocab (101) so that lm_head / embedding padding to a multiple of tp is exercised; 2 KV heads so
 #: that tp=4 exercises KV-head replication.
-TARGET = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-              num_attention_heads=4, num_key_value_heads=2)
+TARGET = dict(
+    vocab_size=101,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 KINDS = ("none", "medusa", "medusa-own-lm-head", "mtp-linear", "mtp-single", "eagle", "draft-model")
 
 
@@ -58,39 +64,72 @@ def make_mtp(root: Path, target_spec, kind: str, K: int = 3) -> Path:
             t[f"heads.{k}.norm.weight"] = 1 + _rand(H, seed=k)
             t[f"heads.{k}.res.0.weight"] = _rand(H, H, seed=k + 1)
             t[f"heads.{k}.res.0.bias"] = _rand(H, seed=k + 2)
-        return save_mtp(root / kind, kind, t, target_spec, num_heads=K, num_layers=1, has_rmsnorm=True,
-                        rms_norm_eps=1e-6)
+        return save_mtp(
+            root / kind, kind, t, target_spec, num_heads=K, num_layers=1, has_rmsnorm=True, rms_norm_eps=1e-6
+        )
     I, nh, nkv, hd = 80, 4, 2, 16
-    t = {"eh_proj.weight": _rand(H, 2 * H), "enorm.weight": 1 + _rand(H, seed=1), "hnorm.weight": 1 + _rand(H, seed=2),
-         "norm.weight": 1 + _rand(H, seed=3), "layer.input_layernorm.weight": 1 + _rand(H, seed=4),
-         "layer.post_attention_layernorm.weight": 1 + _rand(H, seed=5),
-         "layer.self_attn.q_proj.weight": _rand(nh * hd, H, seed=6),
-         "layer.self_attn.k_proj.weight": _rand(nkv * hd, H, seed=7),
-         "layer.self_attn.v_proj.weight": _rand(nkv * hd, H, seed=8),
-         "layer.self_attn.o_proj.weight": _rand(H, nh * hd, seed=9),
-         "layer.mlp.gate_proj.weight": _rand(I, H, seed=10), "layer.mlp.up_proj.weight": _rand(I, H, seed=11),
-         "layer.mlp.down_proj.weight": _rand(H, I, seed=12)}
-    return save_mtp(root / kind, kind, t, target_spec, num_heads=1, num_layers=1, has_rmsnorm=True,
-                    rms_norm_eps=1e-6, intermediate_size=I, num_attention_heads=nh, num_key_value_heads=nkv,
-                    head_dim=hd)
+    t = {
+        "eh_proj.weight": _rand(H, 2 * H),
+        "enorm.weight": 1 + _rand(H, seed=1),
+        "hnorm.weight": 1 + _rand(H, seed=2),
+        "norm.weight": 1 + _rand(H, seed=3),
+        "layer.input_layernorm.weight": 1 + _rand(H, seed=4),
+        "layer.post_attention_layernorm.weight": 1 + _rand(H, seed=5),
+        "layer.self_attn.q_proj.weight": _rand(nh * hd, H, seed=6),
+        "layer.self_attn.k_proj.weight": _rand(nkv * hd, H, seed=7),
+        "layer.self_attn.v_proj.weight": _rand(nkv * hd, H, seed=8),
+        "layer.self_attn.o_proj.weight": _rand(H, nh * hd, seed=9),
+        "layer.mlp.gate_proj.weight": _rand(I, H, seed=10),
+        "layer.mlp.up_proj.weight": _rand(I, H, seed=11),
+        "layer.mlp.down_proj.weight": _rand(H, I, seed=12),
+    }
+    return save_mtp(
+        root / kind,
+        kind,
+        t,
+        target_spec,
+        num_heads=1,
+        num_layers=1,
+        has_rmsnorm=True,
+        rms_norm_eps=1e-6,
+        intermediate_size=I,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        head_dim=hd,
+    )
 
 
 def make_eagle(root: Path, bias: bool = False) -> Path:
     H, V, I = TARGET["hidden_size"], TARGET["vocab_size"], 80
     d = root / "eagle"
     d.mkdir(parents=True, exist_ok=True)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": I,
-           "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": V,
-           "rms_norm_eps": 1e-6, "max_position_embeddings": 512, "hidden_act": "silu", "bias": bias}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "intermediate_size": I,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": V,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512,
+        "hidden_act": "silu",
+        "bias": bias,
+    }
     (d / "config.json").write_text(json.dumps(cfg))
     hd = H // 4
-    t = {"fc.weight": _rand(H, 2 * H), "layers.0.self_attn.q_proj.weight": _rand(4 * hd, H, seed=1),
-         "layers.0.self_attn.k_proj.weight": _rand(2 * hd, H, seed=2),
-         "layers.0.self_attn.v_proj.weight": _rand(2 * hd, H, seed=3),
-         "layers.0.self_attn.o_proj.weight": _rand(H, 4 * hd, seed=4),
-         "layers.0.mlp.gate_proj.weight": _rand(I, H, seed=5), "layers.0.mlp.up_proj.weight": _rand(I, H, seed=6),
-         "layers.0.mlp.down_proj.weight": _rand(H, I, seed=7),
-         "layers.0.post_attention_layernorm.weight": 1 + _rand(H, seed=8)}
+    t = {
+        "fc.weight": _rand(H, 2 * H),
+        "layers.0.self_attn.q_proj.weight": _rand(4 * hd, H, seed=1),
+        "layers.0.self_attn.k_proj.weight": _rand(2 * hd, H, seed=2),
+        "layers.0.self_attn.v_proj.weight": _rand(2 * hd, H, seed=3),
+        "layers.0.self_attn.o_proj.weight": _rand(H, 4 * hd, seed=4),
+        "layers.0.mlp.gate_proj.weight": _rand(I, H, seed=5),
+        "layers.0.mlp.up_proj.weight": _rand(I, H, seed=6),
+        "layers.0.mlp.down_proj.weight": _rand(H, I, seed=7),
+        "layers.0.post_attention_layernorm.weight": 1 + _rand(H, seed=8),
+    }
     if bias:
         t["fc.bias"] = _rand(H, seed=9)
     save_file(t, str(d / "model.safetensors"))
@@ -98,9 +137,18 @@ def make_eagle(root: Path, bias: bool = False) -> Path:
 
 
 def make_draft_model(root: Path) -> Path:
-    return make_tiny_llama(root / "draft", seed=1, **{**TARGET, "num_hidden_layers": 2, "hidden_size": 32,
-                                                      "intermediate_size": 48, "num_attention_heads": 2,
-                                                      "num_key_value_heads": 1})
+    return make_tiny_llama(
+        root / "draft",
+        seed=1,
+        **{
+            **TARGET,
+            "num_hidden_layers": 2,
+            "hidden_size": 32,
+            "intermediate_size": 48,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+        },
+    )
 
 
 def make_spec(root: Path, kind: str, tree=None) -> SpecModel:
@@ -128,6 +176,10 @@ def eagle3_spec(root: Path) -> SpecModel:
     base = make_spec(root, "none")
     from trtspec.checkpoint.tensors import TensorStore
 
-    d = DrafterSpec("eagle3", root / "eagle3", TensorStore.from_tensors({"fc.weight": torch.zeros(64, 192)}),
-                    {"num_heads": 1, "draft_vocab_size": 97})
+    d = DrafterSpec(
+        "eagle3",
+        root / "eagle3",
+        TensorStore.from_tensors({"fc.weight": torch.zeros(64, 192)}),
+        {"num_heads": 1, "draft_vocab_size": 97},
+    )
     return SpecModel(base.target, d, base.tree, base.dtype)

@@ -11,8 +11,9 @@ from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 from trtspec.tree import DEFAULT_CHOICES, build_tree
 
 
-def drive(policy: AdaptiveSpeculation, steps: int, accepted_at_depth, plain_s: float = 1.0,
-          node_s: float = 0.05) -> list[int]:
+def drive(
+    policy: AdaptiveSpeculation, steps: int, accepted_at_depth, plain_s: float = 1.0, node_s: float = 0.05
+) -> list[int]:
     """Run the policy against a synthetic machine: a step costs plain_s + node_s per tree node, and a
     step with a depth-D tree accepts min(D, accepted_at_depth(step)) drafts. Returns the depth per step."""
     depths = []
@@ -46,7 +47,7 @@ def test_speculation_resumes_when_the_text_turns_predictable():
     assert sum(1 for d in depths[100:150] if d) <= 3
     resumed = next(i for i in range(150, 300) if depths[i] > 0)
     assert resumed - 150 <= policy.max_probe_every + 1
-    assert sum(1 for d in depths[resumed + 5:] if d) >= 0.9 * len(depths[resumed + 5:])
+    assert sum(1 for d in depths[resumed + 5 :] if d) >= 0.9 * len(depths[resumed + 5 :])
 
 
 def test_costs_decide_not_constants():

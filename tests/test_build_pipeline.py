@@ -13,18 +13,27 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from convert_fixtures import make_spec
+
 from trtspec.cli import main
 from trtspec.engine import trtllm
 from trtspec.engine.plan import TRTLLM_BUILD_FLAGS, parse_script_commands
 
 # kind -> (expected --speculative_decoding_mode, model class or None, plugin preloaded)
-MODES = {"medusa": ("medusa", None, False), "mtp-linear": ("medusa", "TrtspecMtpLinearForCausalLM", True),
-         "eagle": ("eagle", None, False), "mtp-single": ("eagle", "TrtspecMtpSingleForCausalLM", False),
-         "draft-model": ("draft_tokens_external", None, False)}
-HEADS_DIR = {"medusa": "medusa", "mtp-linear": "mtp-linear", "eagle": "eagle", "mtp-single": "mtp-single",
-             "draft-model": "draft"}
+MODES = {
+    "medusa": ("medusa", None, False),
+    "mtp-linear": ("medusa", "TrtspecMtpLinearForCausalLM", True),
+    "eagle": ("eagle", None, False),
+    "mtp-single": ("eagle", "TrtspecMtpSingleForCausalLM", False),
+    "draft-model": ("draft_tokens_external", None, False),
+}
+HEADS_DIR = {
+    "medusa": "medusa",
+    "mtp-linear": "mtp-linear",
+    "eagle": "eagle",
+    "mtp-single": "mtp-single",
+    "draft-model": "draft",
+}
 
 needs_no_trtllm = pytest.mark.skipif(trtllm.available()[0], reason="TensorRT-LLM + GPU present: the real build runs")
 
@@ -48,8 +57,18 @@ def flag(argv: list[str], name: str) -> str | None:
 @needs_no_trtllm
 def test_refuses_without_gpu_unless_allowed(root):
     out = root / "refused"
-    r = run_cli("build", "--target", str(root / "medusa" / "target"), "--heads", str(root / "medusa" / "medusa"),
-                "--out", str(out), "--tree", "chain:3", "--no-progress")
+    r = run_cli(
+        "build",
+        "--target",
+        str(root / "medusa" / "target"),
+        "--heads",
+        str(root / "medusa" / "medusa"),
+        "--out",
+        str(out),
+        "--tree",
+        "chain:3",
+        "--no-progress",
+    )
     assert r.exit_code == 2
     assert r.output.startswith("error: cannot build engines here") and "--allow-no-gpu" in r.output
     assert "Traceback" not in r.output and not out.exists()
@@ -61,9 +80,25 @@ def test_plan_and_script_per_mode(root, kind):
     mode, model_cls, plugin = MODES[kind]
     base = root / kind
     out = root / f"out-{kind}"
-    r = run_cli("build", "--target", str(base / "target"), "--heads", str(base / HEADS_DIR[kind]),
-                "--out", str(out), "--tp-size", "2", "--config", "demo", "--tree", "chain:3",
-                "--max-batch-size", "3", "--allow-no-gpu", "--no-progress")
+    r = run_cli(
+        "build",
+        "--target",
+        str(base / "target"),
+        "--heads",
+        str(base / HEADS_DIR[kind]),
+        "--out",
+        str(out),
+        "--tp-size",
+        "2",
+        "--config",
+        "demo",
+        "--tree",
+        "chain:3",
+        "--max-batch-size",
+        "3",
+        "--allow-no-gpu",
+        "--no-progress",
+    )
     assert r.exit_code == 0, r.output
     assert r.output.strip().splitlines()[-1].startswith("no engines built here")
     assert not (out / "engines").exists()  # never placeholder engines
@@ -100,8 +135,19 @@ def test_plan_and_script_per_mode(root, kind):
 def test_manifest_hashes_and_triton_repository(root):
     base = root / "eagle"
     out = root / "manifest-eagle"
-    r = run_cli("build", "--target", str(base / "target"), "--heads", str(base / "eagle"), "--out", str(out),
-                "--config", "demo", "--allow-no-gpu", "--no-progress")
+    r = run_cli(
+        "build",
+        "--target",
+        str(base / "target"),
+        "--heads",
+        str(base / "eagle"),
+        "--out",
+        str(out),
+        "--config",
+        "demo",
+        "--allow-no-gpu",
+        "--no-progress",
+    )
     assert r.exit_code == 0, r.output
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "checkpoint-only" and m["mode"]["engine_mode"] == "eagle"
@@ -109,8 +155,10 @@ def test_manifest_hashes_and_triton_repository(root):
     for entry in m["outputs"]["checkpoint"]:
         assert hashlib.sha256((out / entry["path"]).read_bytes()).hexdigest() == entry["sha256"]
     tgt = {e["path"]: e for e in m["inputs"]["target"]["files"]}
-    assert tgt["model.safetensors"]["sha256"] == hashlib.sha256(
-        (base / "target" / "model.safetensors").read_bytes()).hexdigest()
+    assert (
+        tgt["model.safetensors"]["sha256"]
+        == hashlib.sha256((base / "target" / "model.safetensors").read_bytes()).hexdigest()
+    )
     assert m["inputs"]["heads"]["files"] and m["inputs"]["preset"].endswith("demo.yaml")
     assert m["versions"]["torch"] and m["versions"]["tensorrt_llm"] is None
     assert m["options"]["max_batch_size"] == 4 and m["options"]["tree"] == "chain:4"
@@ -123,9 +171,10 @@ def test_manifest_hashes_and_triton_repository(root):
 
 def test_eagle3_build_is_refused_with_alternatives(root, tmp_path):
     from convert_fixtures import eagle3_spec
-    from trtspec.errors import UsageError
+
     from trtspec.engine import presets
     from trtspec.engine.pipeline import run_build
+    from trtspec.errors import UsageError
 
     spec = eagle3_spec(tmp_path)
     with pytest.raises(UsageError, match="no TensorRT engine mode"):
@@ -140,7 +189,19 @@ def test_real_engine_build_on_gpu(root, tmp_path):
         pytest.skip("trtllm-build not on PATH")
     base = root / "medusa"
     out = tmp_path / "gpu-build"
-    r = run_cli("build", "--target", str(base / "target"), "--heads", str(base / "medusa"), "--out", str(out),
-                "--config", "demo", "--tree", "chain:3", "--no-progress")
+    r = run_cli(
+        "build",
+        "--target",
+        str(base / "target"),
+        "--heads",
+        str(base / "medusa"),
+        "--out",
+        str(out),
+        "--config",
+        "demo",
+        "--tree",
+        "chain:3",
+        "--no-progress",
+    )
     assert r.exit_code == 0, r.output
     assert json.loads((out / "manifest.json").read_text())["outputs"]["engines"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trtspec.errors import UsageError
 from trtspec.engine import presets
+from trtspec.errors import UsageError
 from trtspec.tree import normalize_choices, parse_choices
 
 
@@ -35,9 +35,13 @@ def test_unknown_key_is_an_error(tmp_path):
 
 def test_wrong_types_and_ranges(tmp_path):
     p = tmp_path / "x.yaml"
-    for text, msg in [("max_batch_size: '4'\n", "must be int"), ("dtype: fp8\n", "dtype must be"),
-                      ("kv_cache_free_gpu_mem_fraction: 1.5\n", r"\(0, 1\]"), ("tp_size: 0\n", ">= 1"),
-                      ("- 1\n", "mapping")]:
+    for text, msg in [
+        ("max_batch_size: '4'\n", "must be int"),
+        ("dtype: fp8\n", "dtype must be"),
+        ("kv_cache_free_gpu_mem_fraction: 1.5\n", r"\(0, 1\]"),
+        ("tp_size: 0\n", ">= 1"),
+        ("- 1\n", "mapping"),
+    ]:
         p.write_text(text)
         with pytest.raises(UsageError, match=msg):
             presets.load_preset(p)
@@ -48,8 +52,9 @@ def test_command_line_overrides_preset():
     merged = presets.merge(v, {"max_batch_size": 2, "tp_size": None, "kv_cache_free_gpu_mem_fraction": 1})
     assert merged["max_batch_size"] == 2  # given on the command line
     assert merged["tp_size"] == v["tp_size"]  # not given (None): the preset's
-    assert merged["kv_cache_free_gpu_mem_fraction"] == 1.0 and isinstance(merged["kv_cache_free_gpu_mem_fraction"],
-                                                                          float)
+    assert merged["kv_cache_free_gpu_mem_fraction"] == 1.0 and isinstance(
+        merged["kv_cache_free_gpu_mem_fraction"], float
+    )
     with pytest.raises(UsageError, match="exceeds max_seq_len"):
         presets.merge(v, {"max_input_len": 4096})
 

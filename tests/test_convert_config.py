@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from convert_fixtures import make_spec
+
 from trtspec.convert.config import EAGLE_FIELDS, LLAMA_FIELDS, MEDUSA_FIELDS, REQUIRED_FIELDS, check_config
 from trtspec.convert.core import convert
 from trtspec.convert.modes import ConvertOptions
 
-EXPECT = {"none": ("LlamaForCausalLM", None), "medusa": ("MedusaForCausalLM", MEDUSA_FIELDS),
-          "mtp-linear": ("MedusaForCausalLM", MEDUSA_FIELDS), "eagle": ("EagleForCausalLM", EAGLE_FIELDS),
-          "mtp-single": ("EagleForCausalLM", EAGLE_FIELDS), "draft-model": ("LlamaForCausalLM", LLAMA_FIELDS)}
+EXPECT = {
+    "none": ("LlamaForCausalLM", None),
+    "medusa": ("MedusaForCausalLM", MEDUSA_FIELDS),
+    "mtp-linear": ("MedusaForCausalLM", MEDUSA_FIELDS),
+    "eagle": ("EagleForCausalLM", EAGLE_FIELDS),
+    "mtp-single": ("EagleForCausalLM", EAGLE_FIELDS),
+    "draft-model": ("LlamaForCausalLM", LLAMA_FIELDS),
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +40,11 @@ def test_fields_present_and_typed(root, kind):
         assert isinstance(cfg[key], types), (key, cfg[key])
     assert check_config(cfg) == []
     a = spec.target.arch
-    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["vocab_size"]) == (a.hidden_size,
-                                                                                  a.num_key_value_heads, a.vocab_size)
+    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["vocab_size"]) == (
+        a.hidden_size,
+        a.num_key_value_heads,
+        a.vocab_size,
+    )
     assert cfg["mapping"] == {"world_size": 2, "tp_size": 2, "pp_size": 1}
     assert cfg["use_parallel_embedding"] is True and cfg["embedding_sharding_dim"] == 0
     if arch == "MedusaForCausalLM":

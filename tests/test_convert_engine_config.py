@@ -12,14 +12,14 @@ import ast
 import json
 from pathlib import Path
 
+from convert_fixtures import make_spec
 from safetensors import safe_open
 
-from convert_fixtures import make_spec
-from trtspec.drafters.trtspec_heads import save_trtspec_heads as save_mtp
-from trtspec.load import load_spec_model
 from trtspec.convert import names as N
 from trtspec.convert.core import convert
 from trtspec.convert.modes import ConvertOptions, MtpSingle
+from trtspec.drafters.trtspec_heads import save_trtspec_heads as save_mtp
+from trtspec.load import load_spec_model
 
 MODELS_FILE = Path(__file__).resolve().parents[1] / "trtspec" / "engine" / "trtllm_models.py"
 
@@ -35,8 +35,16 @@ def _rank_names(out: Path, world: int) -> list[set[str]]:
 def test_mtp_linear_heads_keep_their_own_epsilon(tmp_path):
     spec = make_spec(tmp_path / "m", "mtp-linear")
     tensors = {k: spec.drafter.tensors.load(k) for k in spec.drafter.tensors}
-    heads = save_mtp(tmp_path / "eps", "mtp-linear", tensors, spec.target, num_heads=3, num_layers=1,
-                     has_rmsnorm=True, rms_norm_eps=3e-5)
+    heads = save_mtp(
+        tmp_path / "eps",
+        "mtp-linear",
+        tensors,
+        spec.target,
+        num_heads=3,
+        num_layers=1,
+        has_rmsnorm=True,
+        rms_norm_eps=3e-5,
+    )
     spec = load_spec_model(spec.target.path, heads, "mtp-linear", tree="chain:3")
     convert(spec, tmp_path / "out", ConvertOptions(tp_size=2))
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
@@ -55,12 +63,26 @@ def test_mtp_single_lists_exactly_the_norms_it_writes(tmp_path):
             assert {f"eagle_nets.{i}.{n}.weight" for n in cfg[N.MTP_NORMS_KEY]} <= names
 
     # heads trained without RMSNorm: no norm tensors, and the config says so
-    tensors = {k: with_norms.drafter.tensors.load(k) for k in with_norms.drafter.tensors
-               if k not in ("enorm.weight", "hnorm.weight", "norm.weight")}
-    meta = {k: with_norms.drafter.config[k] for k in ("intermediate_size", "num_attention_heads",
-                                                      "num_key_value_heads", "head_dim")}
-    heads = save_mtp(tmp_path / "plain", "mtp-single", tensors, with_norms.target, num_heads=1, num_layers=1,
-                     has_rmsnorm=False, rms_norm_eps=1e-6, **meta)
+    tensors = {
+        k: with_norms.drafter.tensors.load(k)
+        for k in with_norms.drafter.tensors
+        if k not in ("enorm.weight", "hnorm.weight", "norm.weight")
+    }
+    meta = {
+        k: with_norms.drafter.config[k]
+        for k in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim")
+    }
+    heads = save_mtp(
+        tmp_path / "plain",
+        "mtp-single",
+        tensors,
+        with_norms.target,
+        num_heads=1,
+        num_layers=1,
+        has_rmsnorm=False,
+        rms_norm_eps=1e-6,
+        **meta,
+    )
     spec = load_spec_model(with_norms.target.path, heads, "mtp-single", tree="chain:3")
     convert(spec, tmp_path / "without", ConvertOptions(tp_size=2))
     cfg = json.loads((tmp_path / "without" / "config.json").read_text())
@@ -71,8 +93,13 @@ def test_mtp_single_lists_exactly_the_norms_it_writes(tmp_path):
 
 def test_model_class_reads_the_converters_keys_and_norm_names():
     tree = ast.parse(MODELS_FILE.read_text())
-    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
-              for t in n.targets if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)}
+    consts = {
+        t.id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name) and isinstance(n.value, ast.Constant)
+    }
     assert consts["RMSNORM_HEADS_EPS_KEY"] == N.RMSNORM_HEADS_EPS_KEY
     assert consts["MTP_NORMS_KEY"] == N.MTP_NORMS_KEY
     mtp = next(c for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "MtpNet")

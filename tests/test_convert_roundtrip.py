@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from convert_fixtures import KINDS, eagle3_spec, make_spec
 from safetensors import safe_open
 
-from convert_fixtures import KINDS, eagle3_spec, make_spec
-from trtspec.errors import UsageError
 from trtspec.convert.core import convert, plan_conversion
 from trtspec.convert.modes import ConvertOptions
 from trtspec.convert.names import RMSNORM_HEADS_NAME
+from trtspec.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -103,17 +103,25 @@ def test_layout_matches_tensorrt_llm(root):
     d = 16  # head_dim; 4 q heads, 2 kv heads -> each rank: 1 q head and a replicated kv head
     for r in range(4):
         kv = r // 2  # dup_kv_weight: kv head h serves ranks 2h and 2h+1
-        want = torch.cat([q[r * d:(r + 1) * d], k[kv * d:(kv + 1) * d], v[kv * d:(kv + 1) * d]])
+        want = torch.cat([q[r * d : (r + 1) * d], k[kv * d : (kv + 1) * d], v[kv * d : (kv + 1) * d]])
         assert torch.equal(ranks[r]["transformer.layers.1.attention.qkv.weight"], want)
         I4 = 96 // 4
-        assert torch.equal(ranks[r]["transformer.layers.1.mlp.fc.weight"],
-                           T.load("model.layers.1.mlp.gate_proj.weight")[r * I4:(r + 1) * I4])
-        assert torch.equal(ranks[r]["transformer.layers.1.mlp.gate.weight"],
-                           T.load("model.layers.1.mlp.up_proj.weight")[r * I4:(r + 1) * I4])
-        assert torch.equal(ranks[r]["transformer.layers.1.mlp.proj.weight"],
-                           T.load("model.layers.1.mlp.down_proj.weight")[:, r * I4:(r + 1) * I4])
-        assert torch.equal(ranks[r]["transformer.layers.1.attention.dense.weight"],
-                           T.load("model.layers.1.self_attn.o_proj.weight")[:, r * d:(r + 1) * d])
+        assert torch.equal(
+            ranks[r]["transformer.layers.1.mlp.fc.weight"],
+            T.load("model.layers.1.mlp.gate_proj.weight")[r * I4 : (r + 1) * I4],
+        )
+        assert torch.equal(
+            ranks[r]["transformer.layers.1.mlp.gate.weight"],
+            T.load("model.layers.1.mlp.up_proj.weight")[r * I4 : (r + 1) * I4],
+        )
+        assert torch.equal(
+            ranks[r]["transformer.layers.1.mlp.proj.weight"],
+            T.load("model.layers.1.mlp.down_proj.weight")[:, r * I4 : (r + 1) * I4],
+        )
+        assert torch.equal(
+            ranks[r]["transformer.layers.1.attention.dense.weight"],
+            T.load("model.layers.1.self_attn.o_proj.weight")[:, r * d : (r + 1) * d],
+        )
     # vocab 101 -> padded to 104, 26 rows per rank; the 3 padding rows (last rank) are zero
     lm = torch.cat([ranks[r]["lm_head.weight"] for r in range(4)])
     assert lm.shape == (104, 64) and torch.equal(lm[:101], T.load("lm_head.weight")) and not lm[101:].any()
@@ -132,7 +140,9 @@ def test_embedding_sharding_dim_1_and_replicated(root):
     out2 = root / "emb-repl"
     convert(spec, out2, ConvertOptions(tp_size=2, use_parallel_embedding=False))
     r = read_ranks(out2, 2)
-    assert torch.equal(r[1]["transformer.vocab_embedding.weight"], spec.target.tensors.load("model.embed_tokens.weight"))
+    assert torch.equal(
+        r[1]["transformer.vocab_embedding.weight"], spec.target.tensors.load("model.embed_tokens.weight")
+    )
 
 
 def test_mtp_linear_norms_are_stacked_for_the_plugin(root):

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from convert_fixtures import make_spec
 from safetensors import safe_open
 
-from convert_fixtures import make_spec
 from trtspec.convert.core import convert
 from trtspec.convert.modes import ConvertOptions
 
@@ -43,8 +43,9 @@ def rope(x, pos, theta):  # x [T, n, d]; rope_gpt_neox == HF rotate_half
     return x * cos + torch.cat([-b, a], -1) * sin
 
 
-def tp_decoder_layer(stage: list[dict], pre: str, x: torch.Tensor, pos: torch.Tensor, cfg: dict,
-                     input_norm: bool = True) -> torch.Tensor:
+def tp_decoder_layer(
+    stage: list[dict], pre: str, x: torch.Tensor, pos: torch.Tensor, cfg: dict, input_norm: bool = True
+) -> torch.Tensor:
     """One Llama layer over the tp ranks of a stage, with TensorRT-LLM's names and splits."""
     tp = len(stage)
     eps, nh, nkv, d = cfg["norm_epsilon"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_size"]
@@ -59,7 +60,7 @@ def tp_decoder_layer(stage: list[dict], pre: str, x: torch.Tensor, pos: torch.Te
         q, k, v = q.view(T, nh_r, d), k.view(T, nkv_r, d), v.view(T, nkv_r, d)
         q, k = rope(q, pos, cfg["rotary_base"]), rope(k, pos, cfg["rotary_base"])
         k, v = k.repeat_interleave(nh_r // nkv_r, 1), v.repeat_interleave(nh_r // nkv_r, 1)
-        s = torch.einsum("qhd,khd->hqk", q, k) / d ** 0.5
+        s = torch.einsum("qhd,khd->hqk", q, k) / d**0.5
         o = torch.einsum("hqk,khd->qhd", s.masked_fill(~causal, float("-inf")).softmax(-1), v)
         attn += o.reshape(T, nh_r * d) @ rk[pre + "attention.dense.weight"].T  # row parallel: all-reduce
     x = x + attn
@@ -114,15 +115,20 @@ def root(tmp_path_factory):
     return tmp_path_factory.mktemp("semantic")
 
 
-@pytest.mark.parametrize("tp,pp,emb", [(1, 1, None), (2, 1, None), (4, 1, None), (2, 2, None),
-                                       (2, 1, 1), (4, 1, False)])
+@pytest.mark.parametrize(
+    "tp,pp,emb", [(1, 1, None), (2, 1, None), (4, 1, None), (2, 2, None), (2, 1, 1), (4, 1, False)]
+)
 def test_logits_match_hugging_face(root, tp, pp, emb):
     from transformers import AutoModelForCausalLM
 
     spec = make_spec(root, "none")
     out = root / f"tp{tp}-pp{pp}-emb{emb}"
-    opts = ConvertOptions(tp_size=tp, pp_size=pp, use_parallel_embedding=emb is not False,
-                          embedding_sharding_dim=emb if isinstance(emb, int) and emb is not False else 0)
+    opts = ConvertOptions(
+        tp_size=tp,
+        pp_size=pp,
+        use_parallel_embedding=emb is not False,
+        embedding_sharding_dim=emb if isinstance(emb, int) and emb is not False else 0,
+    )
     convert(spec, out, opts)
     cfg, ranks = load_ranks(out)
     ids = torch.tensor([1, 5, 9, 96, 40, 3, 77, 12])
@@ -170,8 +176,9 @@ def test_eagle_net_matches_the_reference_eagle_head(root):
     pos = torch.arange(T)
     pre = "eagle_nets.0."
     emb = torch.cat([rk[pre + "drafter.vocab_embedding.weight"] for rk in ranks])[:V][ids]
-    x = torch.cat([torch.cat([emb, h], -1) @ rk[pre + "drafter.fc.weight"].T + rk[pre + "drafter.fc.bias"]
-                   for rk in ranks], -1)
+    x = torch.cat(
+        [torch.cat([emb, h], -1) @ rk[pre + "drafter.fc.weight"].T + rk[pre + "drafter.fc.bias"] for rk in ranks], -1
+    )
     x = tp_decoder_layer(ranks, pre + "drafter.layers.0.", x, pos, net_cfg, input_norm=False)
     got = torch.cat([x @ rk[pre + "lm_head.weight"].T for rk in ranks], -1)[:, :V]
 
@@ -182,8 +189,14 @@ def test_eagle_net_matches_the_reference_eagle_head(root):
     T_emb = spec.target.tensors.load("model.embed_tokens.weight")[ids]
     cache = head.new_cache(1, 16)
     with torch.no_grad():
-        _, want = head(T_emb[None], h[None], pos[None], cache, torch.ones(T, T, dtype=torch.bool).tril()[None],
-                       spec.target.tensors.load("lm_head.weight"))
+        _, want = head(
+            T_emb[None],
+            h[None],
+            pos[None],
+            cache,
+            torch.ones(T, T, dtype=torch.bool).tril()[None],
+            spec.target.tensors.load("lm_head.weight"),
+        )
     torch.testing.assert_close(got, want[0], atol=2e-4, rtol=1e-4)
 
 

@@ -6,21 +6,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from convert_fixtures import make_spec
 from safetensors import safe_open
 
-from convert_fixtures import make_spec
-from trtspec.convert.core import convert, planned_totals, plan_conversion
+from trtspec.convert.core import convert, plan_conversion, planned_totals
 from trtspec.convert.modes import ConvertOptions
 from trtspec.convert.writer import PlannedTensor, StreamingSafetensorsWriter, atomic_directory
 
 
 def test_streamed_file_loads_with_safetensors(tmp_path):
-    tensors = {"a": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.int64),
-               "c": torch.randn(2, 2).to(torch.bfloat16), "d": torch.randn(4).to(torch.float16),
-               "e": torch.tensor(1.5)}
+    tensors = {
+        "a": torch.randn(3, 5),
+        "b": torch.arange(7, dtype=torch.int64),
+        "c": torch.randn(2, 2).to(torch.bfloat16),
+        "d": torch.randn(4).to(torch.float16),
+        "e": torch.tensor(1.5),
+    }
     path = tmp_path / "x.safetensors"
-    w = StreamingSafetensorsWriter(path, [PlannedTensor(k, tuple(v.shape), v.dtype) for k, v in tensors.items()],
-                                   {"role": "test"})
+    w = StreamingSafetensorsWriter(
+        path, [PlannedTensor(k, tuple(v.shape), v.dtype) for k, v in tensors.items()], {"role": "test"}
+    )
     for k, v in tensors.items():
         w.write(k, v)
     w.close()
@@ -86,5 +91,4 @@ def test_existing_output_needs_overwrite(tmp_path):
     with pytest.raises(CheckpointError, match="already exists"):
         convert(spec, out)
     convert(spec, out, overwrite=True)
-    assert sorted(p.name for p in Path(out).iterdir()) == ["config.json", "rank0.safetensors",
-                                                           "trtspec_convert.json"]
+    assert sorted(p.name for p in Path(out).iterdir()) == ["config.json", "rank0.safetensors", "trtspec_convert.json"]

@@ -18,14 +18,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trtspec.errors import CheckpointError, UsageError
-from trtspec.load import load_spec_model
-from trtspec.checkpoint.target import load_hf_causal_lm, parse_dtype as target_parse_dtype
+from trtspec.checkpoint.target import load_hf_causal_lm
+from trtspec.checkpoint.target import parse_dtype as target_parse_dtype
 from trtspec.cli import main
 from trtspec.cpu import cgroup_cpu_limit
 from trtspec.demo.tiny import make_tiny_llama
 from trtspec.demo.tokenizer import write_char_tokenizer
 from trtspec.dtypes import DtypeError, cpu_native_bf16, dtype_name, parse_dtype, resolve_dtype
+from trtspec.errors import CheckpointError, UsageError
+from trtspec.load import load_spec_model
 from trtspec.models.llama import build_llama
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 from trtspec.train.cache import run_items
@@ -126,10 +127,13 @@ def test_threads_follow_the_cpu_affinity_the_process_is_given(cores):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "TRTSPEC_THREADS", "LOCAL_WORLD_SIZE")}
     env["PYTHONPATH"] = str(REPO)
     env["TRTSPEC_CPU_BF16"] = "0"
-    out = subprocess.run([sys.executable, "-c", _THREADS_CHILD, str(cores)], env=env, capture_output=True,
-                         text=True, check=True).stdout.splitlines()
-    assert out[0] == f"dtype: float32 (auto: this CPU has no native bfloat16: TRTSPEC_CPU_BF16=0); threads: {cores} " \
-                     f"({cores} in CPU affinity)"
+    out = subprocess.run(
+        [sys.executable, "-c", _THREADS_CHILD, str(cores)], env=env, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert (
+        out[0] == f"dtype: float32 (auto: this CPU has no native bfloat16: TRTSPEC_CPU_BF16=0); threads: {cores} "
+        f"({cores} in CPU affinity)"
+    )
     assert int(out[-1]) == cores
 
 
@@ -146,7 +150,7 @@ def test_batched_cache_generation_gives_the_tokens_of_unbatched_greedy(tiny):
     model = build_llama(target.arch, target.tensors)
     items = _items(11)
     free = run_items(model, items, "generate", 20, 0, set(), rows=11)
-    common = np.bincount(np.concatenate([r.argmax[len(it) + 2:] for it, r in zip(items, free)]), minlength=VOCAB)
+    common = np.bincount(np.concatenate([r.argmax[len(it) + 2 :] for it, r in zip(items, free)]), minlength=VOCAB)
     eos_id = int(common.argmax())  # a token the random target writes often: replies end at different lengths
     eos = {eos_id}
     pooled = run_items(model, items, "generate", 20, 3, eos, rows=3)
@@ -177,7 +181,9 @@ def test_generate_prints_the_dtype_it_runs_in(tiny, monkeypatch):
     res = runner.invoke(main, ["generate", "-t", str(tiny), "-p", "hello", "-n", "4", "--no-chat", "--json"])
     assert res.exit_code == 0, res.output
     assert "dtype: bfloat16 (auto: this CPU has native bfloat16: TRTSPEC_CPU_BF16=1)" in res.output
-    res = runner.invoke(main, ["generate", "-t", str(tiny), "-p", "hello", "-n", "4", "--no-chat", "--dtype", "float32"])
+    res = runner.invoke(
+        main, ["generate", "-t", str(tiny), "-p", "hello", "-n", "4", "--no-chat", "--dtype", "float32"]
+    )
     assert res.exit_code == 0 and "dtype: float32 (as requested)" in res.output
     res = runner.invoke(main, ["generate", "-t", str(tiny), "-p", "hello", "--dtype", "fp8"])
     assert res.exit_code == 2 and "fp8" in res.output
@@ -187,8 +193,25 @@ def test_train_heads_defaults_to_auto_for_cache_and_lm_head(tiny, tmp_path, monk
     monkeypatch.setenv("TRTSPEC_CPU_BF16", "0")
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"text": "abcdefghij klmnop " * 2}) + "\n" for _ in range(4)))
-    res = CliRunner().invoke(main, ["train-heads", "-t", str(tiny), "-k", "mtp-linear", "-d", str(data), "-o",
-                                    str(tmp_path / "heads"), "--gen-tokens", "6", "--steps", "2", "--no-chat"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "train-heads",
+            "-t",
+            str(tiny),
+            "-k",
+            "mtp-linear",
+            "-d",
+            str(data),
+            "-o",
+            str(tmp_path / "heads"),
+            "--gen-tokens",
+            "6",
+            "--steps",
+            "2",
+            "--no-chat",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "cache dtype: float32 (auto: this CPU has no native bfloat16: TRTSPEC_CPU_BF16=0)" in res.output
     assert "lm_head dtype: float32 (auto: this CPU has no native bfloat16: TRTSPEC_CPU_BF16=0)" in res.output

@@ -11,12 +11,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trtspec.errors import CheckpointError, UsageError
 from trtspec.checkpoint.heads.draft_vocab import DRAFT_VOCAB_FILE, load_draft_vocab, save_draft_vocab, to_draft_index
-from trtspec.load import load_spec_model
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.cli import main
 from trtspec.demo.build import DEMO_VOCAB
+from trtspec.errors import CheckpointError, UsageError
+from trtspec.load import load_spec_model
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.draft_vocab import frequent_tokens, target_choice_counts
@@ -88,14 +88,17 @@ def test_first_n_entries_and_inverse_map(demo_paths, tmp_path):
     assert inv[70] == 2 and inv[4] == -1 and (inv >= 0).sum() == 4
 
 
-@pytest.mark.parametrize("tensors, message", [
-    ({"draft_vocab": torch.tensor([1, 2, DEMO_VOCAB])}, "outside the target vocabulary"),
-    ({"draft_vocab": torch.tensor([1, 2, 2])}, "repeated token ids"),
-    ({"draft_vocab": torch.tensor([1.0, 2.0])}, "integer tensor"),
-    ({"draft_vocab": torch.zeros(0, dtype=torch.long)}, "non-empty"),
-    ({"other": torch.tensor([1])}, "integer tensor 'draft_vocab'"),
-    (None, "not a readable safetensors"),
-])
+@pytest.mark.parametrize(
+    "tensors, message",
+    [
+        ({"draft_vocab": torch.tensor([1, 2, DEMO_VOCAB])}, "outside the target vocabulary"),
+        ({"draft_vocab": torch.tensor([1, 2, 2])}, "repeated token ids"),
+        ({"draft_vocab": torch.tensor([1.0, 2.0])}, "integer tensor"),
+        ({"draft_vocab": torch.zeros(0, dtype=torch.long)}, "non-empty"),
+        ({"other": torch.tensor([1])}, "integer tensor 'draft_vocab'"),
+        (None, "not a readable safetensors"),
+    ],
+)
 def test_bad_draft_vocabulary_files(demo_paths, tmp_path, tensors, message):
     from safetensors.torch import save_file
 
@@ -133,7 +136,7 @@ def test_frequent_tokens_are_the_targets_own_choices(demo_cache):
     target, cache = demo_cache
     counts = np.zeros(DEMO_VOCAB, dtype=np.int64)
     for i, plen in enumerate(cache.prompt_lengths):  # by hand: the target's choices past each prompt
-        for t in np.asarray(cache.sequence(i)["argmax"])[plen - 1:]:
+        for t in np.asarray(cache.sequence(i)["argmax"])[plen - 1 :]:
             counts[int(t)] += 1
     assert np.array_equal(target_choice_counts(cache, DEMO_VOCAB), counts)
     dv = frequent_tokens(cache, DEMO_VOCAB, 5)
@@ -153,8 +156,9 @@ def test_tuning_ranks_count_tokens_outside_the_vocabulary_as_misses(demo_paths, 
     save_draft_vocab(heads, torch.randperm(DEMO_VOCAB, generator=torch.Generator().manual_seed(3)))
     same = measure_ranks(SpeculativeGenerator(load_spec_model(demo_paths["target"], heads)).drafter, cache, 2)
     assert np.array_equal(full, same)
-    labels = np.concatenate([np.asarray(cache.sequence(i)["argmax"])[max(p - 1, 0):]
-                             for i, p in enumerate(cache.prompt_lengths)])
+    labels = np.concatenate(
+        [np.asarray(cache.sequence(i)["argmax"])[max(p - 1, 0) :] for i, p in enumerate(cache.prompt_lengths)]
+    )
     keep = torch.tensor(sorted(set(labels.tolist()))[: max(1, len(set(labels.tolist())) // 2)])
     save_draft_vocab(heads, keep)
     half = measure_ranks(SpeculativeGenerator(load_spec_model(demo_paths["target"], heads)).drafter, cache, 2)

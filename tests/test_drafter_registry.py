@@ -183,12 +183,21 @@ def test_kind_names_live_only_in_their_modules():
         if f.parent.name == "drafters":
             continue
         tree = ast.parse(f.read_text())
-        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                      if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
-                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names \
-                    and id(node) not in docstrings:
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value in names
+                and id(node) not in docstrings
+            ):
                 offenders.append(f"{f.relative_to(root.parent)}:{node.lineno} {node.value!r}")
     assert not offenders, offenders
 
@@ -204,8 +213,22 @@ def test_export_formats_are_declared_and_refusals_are_clear(kind, demo_paths, tm
     record = registry.get(kind)
     for fmt in ("onnx",):
         out = tmp_path / f"{kind}.{fmt}"
-        r = CliRunner().invoke(main, ["export", "-t", str(demo_paths["target"]), "-H", str(demo_paths[kind]),
-                                      "--format", fmt, "-o", str(out), "--tree", "chain:2"])
+        r = CliRunner().invoke(
+            main,
+            [
+                "export",
+                "-t",
+                str(demo_paths["target"]),
+                "-H",
+                str(demo_paths[kind]),
+                "--format",
+                fmt,
+                "-o",
+                str(out),
+                "--tree",
+                "chain:2",
+            ],
+        )
         if fmt in record.export_formats:
             assert r.exit_code == 0, r.output
             import onnx

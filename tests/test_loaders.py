@@ -9,12 +9,12 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
 
-from trtspec.errors import CheckpointError
-from trtspec.drafters.registry import detect as detect_heads_format
-from trtspec.load import load_spec_model
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.cli import main
 from trtspec.demo.tiny import make_tiny_llama
+from trtspec.drafters.registry import detect as detect_heads_format
+from trtspec.errors import CheckpointError
+from trtspec.load import load_spec_model
 
 
 def run_cli(*args: str):
@@ -78,8 +78,9 @@ def test_corrupt_header(target_copy):
 
 
 def test_index_pointing_outside(target_copy):
-    (target_copy / "model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"model.embed_tokens.weight": "../../etc/passwd"}}))
+    (target_copy / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.embed_tokens.weight": "../../etc/passwd"}})
+    )
     assert_clean_error(run_cli(*gen_args(target_copy)), "index.json", "outside")
 
 
@@ -157,13 +158,11 @@ def test_wrong_heads_format_flag(demo_paths):
 
 
 def test_tree_deeper_than_heads(demo_paths):
-    assert_clean_error(run_cli(*gen_args(demo_paths["target"], demo_paths["medusa"], "--tree", "chain:9")),
-                       "exceeds")
+    assert_clean_error(run_cli(*gen_args(demo_paths["target"], demo_paths["medusa"], "--tree", "chain:9")), "exceeds")
 
 
 def test_bad_tree(demo_paths):
-    assert_clean_error(run_cli(*gen_args(demo_paths["target"], demo_paths["medusa"], "--tree", "[[0,0]]")),
-                       "parent")
+    assert_clean_error(run_cli(*gen_args(demo_paths["target"], demo_paths["medusa"], "--tree", "[[0,0]]")), "parent")
 
 
 def test_medusa_v2_heads_without_lm_head(demo_paths, tmp_path):
@@ -184,7 +183,7 @@ def test_validation_reads_headers_not_data(demo_paths, tmp_path):
     f = d / "model.safetensors"
     raw = bytearray(f.read_bytes())
     hlen = int.from_bytes(raw[:8], "little")
-    raw[8 + hlen:] = bytes(len(raw) - 8 - hlen)
+    raw[8 + hlen :] = bytes(len(raw) - 8 - hlen)
     f.write_bytes(bytes(raw))
     t = load_hf_causal_lm(d)
     assert t.tensors.shape("model.norm.weight") == (t.arch.hidden_size,)

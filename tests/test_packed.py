@@ -4,14 +4,15 @@ speculative greedy still equals plain greedy when both run packed."""
 import pytest
 import torch
 
-from trtspec.load import load_spec_model
 from trtspec.checkpoint.target import load_hf_causal_lm
+from trtspec.load import load_spec_model
 from trtspec.models.llama import MLP, Attention, build_llama, causal_mask
 from trtspec.models.packed import PackedLinear, pack_module, packing_supported
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 
-pytestmark = pytest.mark.skipif(not packing_supported(),
-                                reason="this CPU or torch build has no oneDNN bfloat16 linear kernels")
+pytestmark = pytest.mark.skipif(
+    not packing_supported(), reason="this CPU or torch build has no oneDNN bfloat16 linear kernels"
+)
 
 KINDS = ["draft-model", "medusa", "mtp-linear", "mtp-single", "eagle", "eagle3"]
 PROMPTS = [[1, 40, 50, 60, 70], [1, 7], [5, 6, 7, 8, 9, 10, 11, 12], [3]]
@@ -36,7 +37,7 @@ def test_packed_linear_rows_do_not_depend_on_the_batch():
         packed = PackedLinear([torch.nn.Linear(k, n, bias=False).to(torch.bfloat16)])
         x = torch.randn(17, k).to(torch.bfloat16)
         for m in (2, 9, 17):
-            rows = torch.cat([packed(x[i:i + 1]) for i in range(m)])
+            rows = torch.cat([packed(x[i : i + 1]) for i in range(m)])
             assert torch.equal(packed(x[:m]), rows), (n, k, m)
 
 
@@ -64,8 +65,10 @@ def test_packed_target_is_batch_invariant(smollm2, prefix, threads):
     nodes = torch.randint(0, 20000, (1, tree.size), generator=g)
     outs = []
     with torch.no_grad():
-        for tokens, mask, offsets in ((nodes[:, :1], causal_mask(1), torch.zeros(1, dtype=torch.long)),
-                                      (nodes, tree.mask[None], tree.depths)):
+        for tokens, mask, offsets in (
+            (nodes[:, :1], causal_mask(1), torch.zeros(1, dtype=torch.long)),
+            (nodes, tree.mask[None], tree.depths),
+        ):
             cache = model.new_cache(1, 400)
             model(ids, torch.arange(prefix)[None], cache, causal_mask(prefix))
             cache.commit([torch.arange(prefix)])
@@ -130,11 +133,27 @@ def test_generate_cli_honours_bfloat16(demo_paths, monkeypatch):
         made.append(self)
 
     monkeypatch.setattr(gen_mod.SpeculativeGenerator, "__init__", spy)
-    r = CliRunner().invoke(main, ["generate", "-t", str(demo_paths["target"]), "-H", str(demo_paths["mtp-single"]),
-                                  "-p", "hello", "-n", "12", "--dtype", "bfloat16", "--compare", "--json"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "generate",
+            "-t",
+            str(demo_paths["target"]),
+            "-H",
+            str(demo_paths["mtp-single"]),
+            "-p",
+            "hello",
+            "-n",
+            "12",
+            "--dtype",
+            "bfloat16",
+            "--compare",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert made and made[0].dtype == torch.bfloat16 and made[0].packed
-    out = json.loads(r.output[r.output.index('{\n  "speculative"'):])
+    out = json.loads(r.output[r.output.index('{\n  "speculative"') :])
     assert out["identical"] is True
 
 

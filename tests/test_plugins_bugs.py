@@ -77,8 +77,12 @@ def _shared_token_case(vocab: int = 50):
 def test_reference_batched_greedy_takes_the_first_matching_sibling():
     tree, draft, ids = _shared_token_case()
     got = reference.tree_verify_greedy_batched(tree.paths.int(), draft, ids)
-    assert got.as_lists() == {"accepted_len": [1], "tokens": [[7, 9, -1, -1]], "best_path": [0],
-                              "keep_nodes": [[0, 1, -1, -1]]}
+    assert got.as_lists() == {
+        "accepted_len": [1],
+        "tokens": [[7, 9, -1, -1]],
+        "best_path": [0],
+        "keep_nodes": [[0, 1, -1, -1]],
+    }
     _assert_same(got, reference.tree_verify_reference(tree, draft, ids))
 
 
@@ -86,8 +90,7 @@ def test_reference_batched_greedy_takes_the_first_matching_sibling():
 def test_greedy_takes_the_first_of_siblings_sharing_a_token(backend, target_kind):
     tree, draft, ids = _shared_token_case()
     target = ids if target_kind == "ids" else torch.nn.functional.one_hot(ids.long(), 50).float()
-    got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft, target), target_kind=target_kind,
-                               lib=backend.lib)
+    got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft, target), target_kind=target_kind, lib=backend.lib)
     assert got.accepted_len.tolist() == [1] and got.keep_nodes.tolist() == [[0, 1, -1, -1]]
     _assert_same(got, reference.tree_verify_reference(tree, draft, target, target_kind=target_kind))
 
@@ -122,8 +125,9 @@ def test_greedy_logits_nan_rows_follow_torch_argmax(backend, dtype):
     logits[2, 0, 17] = float("nan")
     logits[2, 0, 3] = float("nan")
     logits = logits.to(dtype)
-    got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), logits), target_kind="logits",
-                               lib=backend.lib)
+    got = bindings.tree_verify(
+        *_on(backend, tree.paths.int(), draft.int(), logits), target_kind="logits", lib=backend.lib
+    )
     want = reference.tree_verify_reference(tree, draft, logits, target_kind="logits")
     _assert_same(got, want)
     assert got.keep_nodes[0, 1] == child and got.tokens[1, 0] == 900 and got.tokens[2, 0] == 3
@@ -144,11 +148,17 @@ def test_sampling_large_logits_need_the_max_shift(backend, dtype):
     ids = _greedy_ids(tree, draft, vocab, gen, accept=0.7)
     logits.scatter_add_(-1, ids[..., None], torch.full(ids.shape + (1,), 3.0))
     logits[: batch // 2] += 1000.0
-    logits[batch // 2:] -= 1000.0
+    logits[batch // 2 :] -= 1000.0
     logits = logits.to(dtype)
     for seed in (1, 2, 3):
-        got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), logits), mode="sampling",
-                                   target_kind="logits", temperature=0.5, seed=seed, lib=backend.lib)
+        got = bindings.tree_verify(
+            *_on(backend, tree.paths.int(), draft.int(), logits),
+            mode="sampling",
+            target_kind="logits",
+            temperature=0.5,
+            seed=seed,
+            lib=backend.lib,
+        )
         want = reference.tree_verify_reference(tree, draft, logits, "sampling", "logits", 0.5, seed=seed)
         _assert_same(got, want)
 
@@ -172,11 +182,17 @@ def test_sampling_vocab_over_524k_takes_the_multi_tile_path(backend, target_kind
     else:
         target = (torch.randn(batch, tree.size, vocab, generator=gen) * 2).half()
     for seed in (5, 6):
-        got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), target), mode="sampling",
-                                   target_kind=target_kind, temperature=0.8 if target_kind == "logits" else None,
-                                   seed=seed, lib=backend.lib)
-        want = reference.tree_verify_reference(tree, draft, target, "sampling", target_kind,
-                                               0.8 if target_kind == "logits" else None, seed=seed)
+        got = bindings.tree_verify(
+            *_on(backend, tree.paths.int(), draft.int(), target),
+            mode="sampling",
+            target_kind=target_kind,
+            temperature=0.8 if target_kind == "logits" else None,
+            seed=seed,
+            lib=backend.lib,
+        )
+        want = reference.tree_verify_reference(
+            tree, draft, target, "sampling", target_kind, 0.8 if target_kind == "logits" else None, seed=seed
+        )
         _assert_same(got, want)
 
 
@@ -191,8 +207,9 @@ def test_greedy_logits_vocab_over_524k(backend):
     logits = torch.randn(4, tree.size, vocab, generator=gen)
     logits.scatter_(-1, ids[..., None], 9.0)
     logits = logits.half()
-    got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), logits), target_kind="logits",
-                               lib=backend.lib)
+    got = bindings.tree_verify(
+        *_on(backend, tree.paths.int(), draft.int(), logits), target_kind="logits", lib=backend.lib
+    )
     _assert_same(got, reference.tree_verify_reference(tree, draft, logits, target_kind="logits"))
 
 
@@ -207,15 +224,27 @@ def test_sampling_step_counter_gives_fresh_draws_that_match_the_reference(backen
     outs = []
     steps = range(12) if not backend.full else range(64)
     for step in steps:
-        got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), probs), mode="sampling",
-                                   target_kind="probs", seed=1234, step=step, lib=backend.lib)
-        _assert_same(got, reference.tree_verify_reference(tree, draft, probs, "sampling", "probs", seed=1234,
-                                                          step=step))
+        got = bindings.tree_verify(
+            *_on(backend, tree.paths.int(), draft.int(), probs),
+            mode="sampling",
+            target_kind="probs",
+            seed=1234,
+            step=step,
+            lib=backend.lib,
+        )
+        _assert_same(
+            got, reference.tree_verify_reference(tree, draft, probs, "sampling", "probs", seed=1234, step=step)
+        )
         outs.append(got.tokens.cpu())
     assert len({tuple(t.flatten().tolist()) for t in outs}) > len(outs) // 2, "draws repeat across steps"
     seed_tensor = torch.tensor([1234, 5], dtype=torch.int64, device=backend.device)
-    again = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), probs), mode="sampling",
-                                 target_kind="probs", seed=seed_tensor, lib=backend.lib)
+    again = bindings.tree_verify(
+        *_on(backend, tree.paths.int(), draft.int(), probs),
+        mode="sampling",
+        target_kind="probs",
+        seed=seed_tensor,
+        lib=backend.lib,
+    )
     assert torch.equal(again.tokens.cpu(), outs[5])
 
 
@@ -242,11 +271,18 @@ def test_clustered_verify_matches_the_reference(backend, monkeypatch, cluster, v
     got = bindings.tree_verify(paths, d, t, target_kind="logits", lib=backend.lib)
     _assert_same(got, reference.tree_verify_reference(tree, draft, logits, target_kind="logits"))
     for seed in (3, 4):
-        got = bindings.tree_verify(paths, d, t, mode="sampling", target_kind="logits", temperature=0.9, seed=seed,
-                                   step=seed, lib=backend.lib)
-        _assert_same(got, reference.tree_verify_reference(tree, draft, logits, "sampling", "logits", 0.9, seed=seed,
-                                                          step=seed))
+        got = bindings.tree_verify(
+            paths, d, t, mode="sampling", target_kind="logits", temperature=0.9, seed=seed, step=seed, lib=backend.lib
+        )
+        _assert_same(
+            got, reference.tree_verify_reference(tree, draft, logits, "sampling", "logits", 0.9, seed=seed, step=seed)
+        )
     probs = torch.softmax(logits.float(), -1)
-    got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), probs), mode="sampling",
-                               target_kind="probs", seed=8, lib=backend.lib)
+    got = bindings.tree_verify(
+        *_on(backend, tree.paths.int(), draft.int(), probs),
+        mode="sampling",
+        target_kind="probs",
+        seed=8,
+        lib=backend.lib,
+    )
     _assert_same(got, reference.tree_verify_reference(tree, draft, probs, "sampling", "probs", seed=8))

@@ -15,22 +15,24 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trtspec.errors import UsageError
 from trtspec.cli import main
+from trtspec.errors import UsageError
 from trtspec.kernels import bindings, build, reference, trt_network
 from trtspec.models.llama import rms_norm
-from trtspec.tree import DEFAULT_CHOICES, build_tree, normalize_choices
 from trtspec.runtime.verify import verify_greedy
+from trtspec.tree import DEFAULT_CHOICES, build_tree, normalize_choices
 
 HAVE_TOOLCHAIN = shutil.which("cmake") is not None and any(
-    shutil.which(c) for c in ("nvcc", "/usr/local/cuda/bin/nvcc"))
+    shutil.which(c) for c in ("nvcc", "/usr/local/cuda/bin/nvcc")
+)
 needs_toolchain = pytest.mark.skipif(not HAVE_TOOLCHAIN, reason="nvcc and cmake are needed to compile the kernels")
 
 
 TRT_INCLUDE = build.default_trt_include()
 needs_trt_headers = pytest.mark.skipif(
-    TRT_INCLUDE is None, reason=f"TensorRT headers not found (set TRTSPEC_TRT_INCLUDE, or put them at "
-                                f"<repo>/{build.SHARED_TRT_INCLUDE})")
+    TRT_INCLUDE is None,
+    reason=f"TensorRT headers not found (set TRTSPEC_TRT_INCLUDE, or put them at <repo>/{build.SHARED_TRT_INCLUDE})",
+)
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +70,9 @@ def test_kernels_compile_for_every_arch_with_werror(built):
 @needs_toolchain
 @pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm (binutils)")
 def test_library_exports_the_c_abi(built):
-    out = subprocess.run(["nm", "-D", "--defined-only", str(built.kernels_lib)], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(built.kernels_lib)], capture_output=True, text=True, check=True
+    ).stdout
     exported = set(re.findall(r" T (trtspec_\w+)", out))
     assert exported == set(bindings._SIGNATURES)
 
@@ -94,8 +97,9 @@ def test_trt_wrappers_compile_and_link_against_tensorrt_headers(built):
     no libnvinfer (--no-undefined), carrying the kernels for every architecture."""
     assert built.plugins_lib is not None and built.plugins_lib.is_file(), built.trt_status
     assert "building libtrtspec_plugins.so against the headers" in built.trt_status
-    exported = subprocess.run(["nm", "-D", "--defined-only", str(built.plugins_lib)], capture_output=True, text=True,
-                              check=True).stdout
+    exported = subprocess.run(
+        ["nm", "-D", "--defined-only", str(built.plugins_lib)], capture_output=True, text=True, check=True
+    ).stdout
     assert " T getCreators" in exported and " T setLoggerFinder" in exported  # the loader's entry points
     data = built.plugins_lib.read_bytes()
     for arch in ("80", "90", "100"):
@@ -130,8 +134,12 @@ def test_header_parses(lang, std):
     if compiler is None:
         pytest.skip(f"no {lang} compiler")
     src = f'#include "{build.header_path()}"\nint main(void) {{ return TRTSPEC_KERNELS_ABI_VERSION - 1; }}\n'
-    proc = subprocess.run([compiler, "-x", lang, std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only",
-                           "-"], input=src, capture_output=True, text=True)
+    proc = subprocess.run(
+        [compiler, "-x", lang, std, "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", "-"],
+        input=src,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -143,15 +151,27 @@ def test_header_constants_match_bindings():
 
     assert value("TRTSPEC_KERNELS_ABI_VERSION") == bindings.ABI_VERSION
     assert value("TRTSPEC_MAX_TREE_NODES") == bindings.MAX_TREE_NODES
-    assert [value(n) for n in ("TRTSPEC_FLOAT32", "TRTSPEC_FLOAT16", "TRTSPEC_BFLOAT16")] == \
-        [bindings.DTYPES[t] for t in (torch.float32, torch.float16, torch.bfloat16)]
-    assert value("TRTSPEC_LAYOUT_HEAD_MAJOR") == bindings.LAYOUTS["head-major"] == trt_network.RMSNORM_LAYOUTS[
-        "head-major"]
+    assert [value(n) for n in ("TRTSPEC_FLOAT32", "TRTSPEC_FLOAT16", "TRTSPEC_BFLOAT16")] == [
+        bindings.DTYPES[t] for t in (torch.float32, torch.float16, torch.bfloat16)
+    ]
+    assert (
+        value("TRTSPEC_LAYOUT_HEAD_MAJOR")
+        == bindings.LAYOUTS["head-major"]
+        == trt_network.RMSNORM_LAYOUTS["head-major"]
+    )
     assert value("TRTSPEC_LAYOUT_TOKEN_MAJOR") == bindings.LAYOUTS["token-major"]
-    assert [value(n) for n in ("TRTSPEC_VERIFY_GREEDY_IDS", "TRTSPEC_VERIFY_GREEDY_LOGITS",
-                               "TRTSPEC_VERIFY_SAMPLE_LOGITS", "TRTSPEC_VERIFY_SAMPLE_PROBS")] == [
-        bindings.VERIFY_MODES[k] for k in (("greedy", "ids"), ("greedy", "logits"), ("sampling", "logits"),
-                                           ("sampling", "probs"))]
+    assert [
+        value(n)
+        for n in (
+            "TRTSPEC_VERIFY_GREEDY_IDS",
+            "TRTSPEC_VERIFY_GREEDY_LOGITS",
+            "TRTSPEC_VERIFY_SAMPLE_LOGITS",
+            "TRTSPEC_VERIFY_SAMPLE_PROBS",
+        )
+    ] == [
+        bindings.VERIFY_MODES[k]
+        for k in (("greedy", "ids"), ("greedy", "logits"), ("sampling", "logits"), ("sampling", "probs"))
+    ]
     for name, args in bindings._SIGNATURES.items():  # every bound function is declared with that arity
         decl = re.search(rf"TRTSPEC_API [^;(]*\b{name}\(([^)]*)\);", text).group(1)
         n = 0 if decl.strip() == "void" else decl.count(",") + 1
@@ -187,26 +207,58 @@ def test_invalid_arguments_rejected_before_any_launch(lib):
     rms, tv = lib.lib.trtspec_rmsnorm_heads_layout, lib.lib.trtspec_tree_verify
     fake = 1 << 20  # never dereferenced: every call below fails its argument checks first
     assert rms(None, None, None, 4, 8, 2, 1e-6, 0, 0, None) == bindings.STATUS_INVALID
-    assert rms(fake, fake, fake, 4, 0, 2, 1e-6, 0, 0, None) == bindings.STATUS_INVALID      # H = 0
-    assert rms(fake, fake, fake, 4, 8, 2, 1e-6, 7, 0, None) == bindings.STATUS_INVALID      # bad dtype
-    assert rms(fake, fake, fake, 4, 8, 2, 1e-6, 0, 5, None) == bindings.STATUS_INVALID      # bad layout
-    assert rms(None, None, None, 0, 8, 2, 1e-6, 0, 0, None) == bindings.STATUS_OK           # nothing to do
-    args = dict(mode=0, paths=fake, num_paths=1, path_len=2, draft=fake, batch=3, nodes=2, ids=fake, target=None,
-                dtype=0, vocab=0, temp=None, seed=None, seed_len=0)
+    assert rms(fake, fake, fake, 4, 0, 2, 1e-6, 0, 0, None) == bindings.STATUS_INVALID  # H = 0
+    assert rms(fake, fake, fake, 4, 8, 2, 1e-6, 7, 0, None) == bindings.STATUS_INVALID  # bad dtype
+    assert rms(fake, fake, fake, 4, 8, 2, 1e-6, 0, 5, None) == bindings.STATUS_INVALID  # bad layout
+    assert rms(None, None, None, 0, 8, 2, 1e-6, 0, 0, None) == bindings.STATUS_OK  # nothing to do
+    args = dict(
+        mode=0,
+        paths=fake,
+        num_paths=1,
+        path_len=2,
+        draft=fake,
+        batch=3,
+        nodes=2,
+        ids=fake,
+        target=None,
+        dtype=0,
+        vocab=0,
+        temp=None,
+        seed=None,
+        seed_len=0,
+    )
 
     def call(**kw):
         a = {**args, **kw}
-        return tv(a["mode"], a["paths"], a["num_paths"], a["path_len"], a["draft"], a["batch"], a["nodes"],
-                  a["ids"], a["target"], a["dtype"], a["vocab"], a["temp"], a["seed"], a["seed_len"], fake, fake, fake,
-                  fake, None)
+        return tv(
+            a["mode"],
+            a["paths"],
+            a["num_paths"],
+            a["path_len"],
+            a["draft"],
+            a["batch"],
+            a["nodes"],
+            a["ids"],
+            a["target"],
+            a["dtype"],
+            a["vocab"],
+            a["temp"],
+            a["seed"],
+            a["seed_len"],
+            fake,
+            fake,
+            fake,
+            fake,
+            None,
+        )
 
     assert call(mode=9) == bindings.STATUS_INVALID
-    assert call(path_len=3) == bindings.STATUS_INVALID                    # deeper than the tree has nodes
-    assert call(ids=None) == bindings.STATUS_INVALID                      # greedy ids without ids
+    assert call(path_len=3) == bindings.STATUS_INVALID  # deeper than the tree has nodes
+    assert call(ids=None) == bindings.STATUS_INVALID  # greedy ids without ids
     assert call(mode=1, target=None, vocab=10) == bindings.STATUS_INVALID
     assert call(mode=2, target=fake, vocab=10, seed=None) == bindings.STATUS_INVALID  # sampling needs a seed
     assert call(mode=2, target=fake, vocab=10, seed=fake, seed_len=3) == bindings.STATUS_INVALID  # (seed, step) at most
-    assert call(nodes=2000, path_len=2) == bindings.STATUS_UNSUPPORTED   # > TRTSPEC_MAX_TREE_NODES
+    assert call(nodes=2000, path_len=2) == bindings.STATUS_UNSUPPORTED  # > TRTSPEC_MAX_TREE_NODES
     assert call(batch=0) == bindings.STATUS_OK
 
 
@@ -259,8 +311,9 @@ def test_tree_verify_wrapper_checks_inputs():
     with pytest.raises(UsageError, match="seed"):
         bindings.tree_verify(paths, draft, logits, mode="sampling", target_kind="logits")
     with pytest.raises(UsageError, match="temperature"):
-        bindings.tree_verify(paths, draft, logits, mode="sampling", target_kind="logits",
-                             temperature=torch.ones(3), seed=1)
+        bindings.tree_verify(
+            paths, draft, logits, mode="sampling", target_kind="logits", temperature=torch.ones(3), seed=1
+        )
     with pytest.raises(UsageError, match="at most 1024"):
         bindings.tree_verify(paths, torch.zeros(1, 1100, dtype=torch.int32), torch.zeros(1, 1100, dtype=torch.int32))
 
@@ -290,15 +343,13 @@ def test_batched_greedy_hand_worked():
     # root -> a(1) b(2); a -> c(3) d(4); c -> e(5)
     tree = build_tree([[0], [1], [0, 0], [0, 1], [0, 0, 0]])
     assert tree.paths.tolist() == [[0, 2, -1, -1], [0, 1, 4, -1], [0, 1, 3, 5]]
-    draft = torch.tensor([[100, 11, 12, 13, 14, 15],
-                          [100, 11, 12, 13, 14, 15],
-                          [100, 11, 12, 13, 14, 15]], dtype=torch.int32)
+    draft = torch.tensor(
+        [[100, 11, 12, 13, 14, 15], [100, 11, 12, 13, 14, 15], [100, 11, 12, 13, 14, 15]], dtype=torch.int32
+    )
     # row 0: root->11 (node1) -> 14 (node 4, leaf): bonus = arg[4] = 77
     # row 1: nothing matches at the root: bonus = arg[0] = 99
     # row 2: 11 -> 13 -> 15 (all the way down): bonus = arg[5] = 55
-    ids = torch.tensor([[11, 14, 0, 0, 77, 0],
-                        [99, 14, 0, 0, 77, 0],
-                        [11, 13, 0, 15, 0, 55]], dtype=torch.int32)
+    ids = torch.tensor([[11, 14, 0, 0, 77, 0], [99, 14, 0, 0, 77, 0], [11, 13, 0, 15, 0, 55]], dtype=torch.int32)
     out = reference.tree_verify_greedy_batched(tree.paths.int(), draft, ids)
     assert out.accepted_len.tolist() == [2, 0, 3]
     assert out.tokens.tolist() == [[11, 14, 77, -1], [99, -1, -1, -1], [11, 13, 15, 55]]
@@ -331,14 +382,15 @@ def test_batched_greedy_agrees_with_verify_py_on_random_trees(seed):
         n = want.accepted_len[b]
         assert got.tokens[b, : n + 1].tolist() == want.tokens[b]
         assert got.keep_nodes[b, : n + 1].tolist() == want.keep_nodes[b]
-        assert (got.tokens[b, n + 1:] == -1).all() and (got.keep_nodes[b, n + 1:] == -1).all()
+        assert (got.tokens[b, n + 1 :] == -1).all() and (got.keep_nodes[b, n + 1 :] == -1).all()
 
 
 def test_batched_greedy_root_only_tree():
     tree = build_tree([])
     assert tree.paths.tolist() == [[0]]
-    out = reference.tree_verify_greedy_batched(tree.paths.int(), torch.tensor([[5]], dtype=torch.int32),
-                                               torch.tensor([[9]], dtype=torch.int32))
+    out = reference.tree_verify_greedy_batched(
+        tree.paths.int(), torch.tensor([[5]], dtype=torch.int32), torch.tensor([[9]], dtype=torch.int32)
+    )
     assert out.as_lists() == {"accepted_len": [0], "tokens": [[9]], "best_path": [0], "keep_nodes": [[0]]}
 
 
@@ -371,6 +423,7 @@ def test_rmsnorm_reference_layouts(layout):
 def test_trt_helpers_fail_clearly_without_tensorrt():
     try:
         import tensorrt  # noqa: F401
+
         pytest.skip("TensorRT is installed here")
     except ImportError:
         pass
@@ -409,8 +462,15 @@ def test_cli_build_error_is_one_line(tmp_path):
 
 @needs_toolchain
 def test_cli_with_trt_fails_clearly_without_tensorrt(tmp_path):
-    if any(Path(d, "NvInfer.h").is_file() for d in ("/usr/include/x86_64-linux-gnu", "/usr/local/tensorrt/include",
-                                                    "/opt/tensorrt/include", "/usr/include")):
+    if any(
+        Path(d, "NvInfer.h").is_file()
+        for d in (
+            "/usr/include/x86_64-linux-gnu",
+            "/usr/local/tensorrt/include",
+            "/opt/tensorrt/include",
+            "/usr/include",
+        )
+    ):
         pytest.skip("TensorRT headers are installed here")
     res = CliRunner().invoke(main, ["plugins", "build", "--with-trt", "--arch", "90", "--out", str(tmp_path)])
     assert res.exit_code == 2 and res.output.startswith("error:") and res.output.count("\n") == 1

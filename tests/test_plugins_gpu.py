@@ -23,10 +23,21 @@ from trtspec.tree import DEFAULT_CHOICES, build_tree, normalize_choices, parse_c
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 BACKENDS = [
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-        not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]),
-    pytest.param("emu", marks=pytest.mark.skipif(
-        shutil.which(os.environ.get("CXX", "g++")) is None, reason="the host emulation build needs g++")),
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(
+                not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+            ),
+        ],
+    ),
+    pytest.param(
+        "emu",
+        marks=pytest.mark.skipif(
+            shutil.which(os.environ.get("CXX", "g++")) is None, reason="the host emulation build needs g++"
+        ),
+    ),
 ]
 
 
@@ -59,7 +70,16 @@ def backend(request, tmp_path_factory) -> Backend:
 
 # (T, H): warp-per-token (H/vec <= 256), block-per-token (<= 4096 vectors), scalar (other H, huge H).
 RMS_SHAPES = [
-    (1, 8), (1, 4096), (3, 100), (2, 6), (33, 256), (33, 2048), (5, 8192), (4, 16384), (2, 40000), (300, 1024),
+    (1, 8),
+    (1, 4096),
+    (3, 100),
+    (2, 6),
+    (33, 256),
+    (33, 2048),
+    (5, 8192),
+    (4, 16384),
+    (2, 40000),
+    (300, 1024),
 ]
 
 
@@ -71,7 +91,7 @@ def test_rmsnorm_heads_matches_reference(backend, dtype, tokens, hidden):
     gen = torch.Generator().manual_seed(tokens * 7919 + hidden)
     x = (torch.randn(tokens, hidden, generator=gen) * 3).to(dtype).to(backend.device)
     atol, rtol = reference.RMSNORM_TOLERANCE[dtype]
-    for heads in ((1, 3) if backend.full else (3,)):
+    for heads in (1, 3) if backend.full else (3,):
         w = (torch.rand(heads, hidden, generator=gen) + 0.5).to(dtype).to(backend.device)
         for layout in ("head-major", "token-major"):
             got = bindings.rmsnorm_heads(x, w, 1e-6, layout=layout, lib=backend.lib)
@@ -88,8 +108,12 @@ def test_rmsnorm_heads_unaligned_and_batched_inputs(backend, dtype):
     assert x.data_ptr() % 16 != 0
     w = (torch.rand(2, 512) + 0.5).to(dtype).to(backend.device)
     atol, rtol = reference.RMSNORM_TOLERANCE[dtype]
-    torch.testing.assert_close(bindings.rmsnorm_heads(x, w, 1e-5, lib=backend.lib),
-                               reference.rmsnorm_heads_reference(x, w, 1e-5), atol=atol, rtol=rtol)
+    torch.testing.assert_close(
+        bindings.rmsnorm_heads(x, w, 1e-5, lib=backend.lib),
+        reference.rmsnorm_heads_reference(x, w, 1e-5),
+        atol=atol,
+        rtol=rtol,
+    )
     x3 = torch.randn(2, 3, 64).to(dtype).to(backend.device)
     got = bindings.rmsnorm_heads(x3, w[:, :64].contiguous(), 1e-5, layout="token-major", lib=backend.lib)
     assert got.shape == (2, 3, 2, 64)
@@ -106,8 +130,9 @@ def test_rmsnorm_heads_with_and_without_head_groups(backend, tokens, hidden):
     atol, rtol = reference.RMSNORM_TOLERANCE[torch.float16]
     for layout in ("head-major", "token-major"):
         got = bindings.rmsnorm_heads(x, w, 1e-6, layout=layout, lib=backend.lib)
-        torch.testing.assert_close(got.cpu(), reference.rmsnorm_heads_reference(x.cpu(), w.cpu(), 1e-6, layout),
-                                   atol=atol, rtol=rtol)
+        torch.testing.assert_close(
+            got.cpu(), reference.rmsnorm_heads_reference(x.cpu(), w.cpu(), 1e-6, layout), atol=atol, rtol=rtol
+        )
 
 
 def test_rmsnorm_heads_fp32_is_nearly_exact(backend):
@@ -221,8 +246,9 @@ def test_tree_verify_greedy_logits_exact(backend, dtype, vocab):
     logits = logits.to(dtype)
     if vocab > 1:
         logits[0, 0, :] = 1.0  # a row of ties: argmax is index 0 in torch and in the kernel
-    got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), logits), target_kind="logits",
-                               lib=backend.lib)
+    got = bindings.tree_verify(
+        *_on(backend, tree.paths.int(), draft.int(), logits), target_kind="logits", lib=backend.lib
+    )
     _assert_same(got, reference.tree_verify_reference(tree, draft, logits, target_kind="logits"))
 
 
@@ -241,10 +267,15 @@ def test_tree_verify_sampling_logits_exact(backend, dtype, vocab, kind):
     logits.scatter_add_(-1, ids[..., None], torch.full(ids.shape + (1,), 6.0))  # often accepted
     logits = logits.to(dtype)
     temps = torch.rand(batch, generator=gen) * 1.5 + 0.3
-    for seed in ((0, 12345, -3) if backend.full else (12345, -3)):
-        got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), logits), mode="sampling",
-                                   target_kind="logits", temperature=temps.to(backend.device), seed=seed,
-                                   lib=backend.lib)
+    for seed in (0, 12345, -3) if backend.full else (12345, -3):
+        got = bindings.tree_verify(
+            *_on(backend, tree.paths.int(), draft.int(), logits),
+            mode="sampling",
+            target_kind="logits",
+            temperature=temps.to(backend.device),
+            seed=seed,
+            lib=backend.lib,
+        )
         want = reference.tree_verify_reference(tree, draft, logits, "sampling", "logits", temps, seed=seed)
         _assert_same(got, want)
 
@@ -259,8 +290,13 @@ def test_tree_verify_sampling_probs_exact(backend, kind):
     probs[probs < 0.2] = 0.0  # sparse rows: the residual often empties
     probs[0] = 0.0
     probs[0, :, 3] = 1.0  # row 0: a point mass; every child that is not token 3 is rejected
-    got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), probs), mode="sampling",
-                               target_kind="probs", seed=7, lib=backend.lib)
+    got = bindings.tree_verify(
+        *_on(backend, tree.paths.int(), draft.int(), probs),
+        mode="sampling",
+        target_kind="probs",
+        seed=7,
+        lib=backend.lib,
+    )
     _assert_same(got, reference.tree_verify_reference(tree, draft, probs, "sampling", "probs", seed=7))
 
 
@@ -278,8 +314,13 @@ def test_tree_verify_sampling_all_accepted_and_all_rejected(backend):
         kids = tree.children(n)
         if kids:
             probs[1, n, draft[1, kids]] = 0.0  # row 1: no draft token has mass: all rejected
-    got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), probs), mode="sampling",
-                               target_kind="probs", seed=1, lib=backend.lib)
+    got = bindings.tree_verify(
+        *_on(backend, tree.paths.int(), draft.int(), probs),
+        mode="sampling",
+        target_kind="probs",
+        seed=1,
+        lib=backend.lib,
+    )
     _assert_same(got, reference.tree_verify_reference(tree, draft, probs, "sampling", "probs", seed=1))
     assert got.accepted_len[0] == tree.max_depth and got.accepted_len[1] == 0
 
@@ -292,8 +333,14 @@ def test_tree_verify_large_vocab_sampling(backend):
     gen = torch.Generator().manual_seed(5)
     draft = _draft(tree, batch, vocab, gen)
     logits = (torch.randn(batch, tree.size, vocab, generator=gen) * 3).half()
-    got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), logits), mode="sampling",
-                               target_kind="logits", temperature=0.7, seed=99, lib=backend.lib)
+    got = bindings.tree_verify(
+        *_on(backend, tree.paths.int(), draft.int(), logits),
+        mode="sampling",
+        target_kind="logits",
+        temperature=0.7,
+        seed=99,
+        lib=backend.lib,
+    )
     want = reference.tree_verify_reference(tree, draft, logits, "sampling", "logits", 0.7, seed=99)
     _assert_same(got, want)
 
@@ -308,6 +355,11 @@ def test_tree_verify_sampling_duplicate_sibling_tokens(backend):
     draft[:, 1:4] = 5  # the three depth-1 siblings share token 5
     probs = torch.rand(batch, tree.size, vocab, generator=gen)
     for seed in range(4):
-        got = bindings.tree_verify(*_on(backend, tree.paths.int(), draft.int(), probs), mode="sampling",
-                                   target_kind="probs", seed=seed, lib=backend.lib)
+        got = bindings.tree_verify(
+            *_on(backend, tree.paths.int(), draft.int(), probs),
+            mode="sampling",
+            target_kind="probs",
+            seed=seed,
+            lib=backend.lib,
+        )
         _assert_same(got, reference.tree_verify_reference(tree, draft, probs, "sampling", "probs", seed=seed))

@@ -28,8 +28,8 @@ def exported(demo_paths, tmp_path_factory) -> dict:
     for kind in KINDS:
         for expanded in (False, True):
             paths[kind, expanded] = onnx_export.export_heads_onnx(
-                demo_paths[kind], demo_paths["target"], out / f"{kind}-{int(expanded)}.onnx",
-                expand_plugins=expanded)
+                demo_paths[kind], demo_paths["target"], out / f"{kind}-{int(expanded)}.onnx", expand_plugins=expanded
+            )
     return paths
 
 
@@ -46,8 +46,10 @@ def test_plugin_nodes_carry_the_creators_names_and_fields(exported, kind):
     want = [trt_network.TREE_VERIFY] + ([trt_network.RMSNORM_HEADS] if kind == "mtp-linear" else [])
     assert types == sorted(want)
     assert {o.domain: o.version for o in model.opset_import}[onnx_export.PLUGIN_DOMAIN] == 1
-    fields = {trt_network.RMSNORM_HEADS: trt_network.rmsnorm_heads_fields(1e-6),
-              trt_network.TREE_VERIFY: trt_network.tree_verify_fields("greedy", "logits")}
+    fields = {
+        trt_network.RMSNORM_HEADS: trt_network.rmsnorm_heads_fields(1e-6),
+        trt_network.TREE_VERIFY: trt_network.tree_verify_fields("greedy", "logits"),
+    }
     onnx_kind = {"FLOAT32": onnx.AttributeProto.FLOAT, "INT32": onnx.AttributeProto.INT}
     for node in plugin_nodes:
         attrs = _attrs(node)
@@ -72,8 +74,11 @@ def test_expanded_graph_matches_the_torch_heads(exported, demo_paths, kind):
     hidden = torch.randn(7, lm_head.shape[1], generator=torch.Generator().manual_seed(1)) * 2
     session = ort.InferenceSession(str(exported[kind, True]), providers=["CPUExecutionProvider"])
     n1 = model.graph.input[1].type.tensor_type.shape.dim[1].dim_value
-    feeds = {"hidden": hidden.numpy(), "draft_tokens": torch.zeros(1, n1, dtype=torch.int32).numpy(),
-             "target_logits": torch.zeros(1, n1, lm_head.shape[0]).numpy()}
+    feeds = {
+        "hidden": hidden.numpy(),
+        "draft_tokens": torch.zeros(1, n1, dtype=torch.int32).numpy(),
+        "target_logits": torch.zeros(1, n1, lm_head.shape[0]).numpy(),
+    }
     got = torch.from_numpy(session.run(["head_logits"], feeds)[0])
     with torch.no_grad():
         want = heads(hidden, lm_head)
@@ -82,8 +87,8 @@ def test_expanded_graph_matches_the_torch_heads(exported, demo_paths, kind):
 
 def test_expanded_verify_matches_verify_py(exported, demo_paths):
     ort = pytest.importorskip("onnxruntime")
-    from trtspec.load import load_drafter, resolve_tree
     from trtspec.checkpoint.target import load_hf_causal_lm
+    from trtspec.load import load_drafter, resolve_tree
 
     target = load_hf_causal_lm(demo_paths["target"])
     tree = build_tree(resolve_tree(None, load_drafter(demo_paths["medusa"], target, draft_vocab=0)).choices)
@@ -94,8 +99,11 @@ def test_expanded_verify_matches_verify_py(exported, demo_paths):
     ids = torch.randint(0, 3, (batch, n1), generator=gen)
     logits = torch.randn(batch, n1, vocab, generator=gen)
     logits.scatter_(-1, ids[..., None], 10.0)
-    feeds = {"hidden": torch.zeros(1, target.arch.hidden_size).numpy(), "draft_tokens": draft.int().numpy(),
-             "target_logits": logits.numpy()}
+    feeds = {
+        "hidden": torch.zeros(1, target.arch.hidden_size).numpy(),
+        "draft_tokens": draft.int().numpy(),
+        "target_logits": logits.numpy(),
+    }
     names = ["accepted_len", "tokens", "best_path", "keep_nodes"]
     got = dict(zip(names, session.run(names, feeds)))
     want = reference.tree_verify_reference(tree, draft, logits, target_kind="logits")
@@ -106,9 +114,23 @@ def test_expanded_verify_matches_verify_py(exported, demo_paths):
 
 def test_cli_export_onnx(demo_paths, tmp_path):
     out = tmp_path / "heads.onnx"
-    res = CliRunner().invoke(main, ["plugins", "export-onnx", "--heads", str(demo_paths["mtp-linear"]), "--target",
-                                    str(demo_paths["target"]), "--out", str(out), "--verify", "sampling",
-                                    "--dtype", "float16"])
+    res = CliRunner().invoke(
+        main,
+        [
+            "plugins",
+            "export-onnx",
+            "--heads",
+            str(demo_paths["mtp-linear"]),
+            "--target",
+            str(demo_paths["target"]),
+            "--out",
+            str(out),
+            "--verify",
+            "sampling",
+            "--dtype",
+            "float16",
+        ],
+    )
     assert res.exit_code == 0, res.output
     model = onnx.load(str(out))
     onnx.checker.check_model(model)
@@ -118,7 +140,18 @@ def test_cli_export_onnx(demo_paths, tmp_path):
 
 
 def test_cli_export_onnx_rejects_other_head_kinds(demo_paths, tmp_path):
-    res = CliRunner().invoke(main, ["plugins", "export-onnx", "--heads", str(demo_paths["eagle"]), "--target",
-                                    str(demo_paths["target"]), "--out", str(tmp_path / "x.onnx")])
+    res = CliRunner().invoke(
+        main,
+        [
+            "plugins",
+            "export-onnx",
+            "--heads",
+            str(demo_paths["eagle"]),
+            "--target",
+            str(demo_paths["target"]),
+            "--out",
+            str(tmp_path / "x.onnx"),
+        ],
+    )
     assert res.exit_code == 2 and res.output.startswith("error:") and res.output.count("\n") == 1
     assert "takes mtp-linear, medusa heads" in res.output and not (tmp_path / "x.onnx").exists()

@@ -9,8 +9,8 @@ import math
 import torch
 
 from trtspec.kernels import reference
-from trtspec.tree import build_tree
 from trtspec.runtime.verify import verify_sampling
+from trtspec.tree import build_tree
 
 P_ROOT = torch.tensor([0.05, 0.30, 0.10, 0.25, 0.20, 0.10])
 P_CHILD = torch.tensor([0.40, 0.10, 0.10, 0.10, 0.20, 0.10])

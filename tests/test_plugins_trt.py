@@ -18,10 +18,15 @@ from trtspec.kernels import build, trt_network
 TRT_INCLUDE = build.default_trt_include()
 CXX = shutil.which("g++")
 pytestmark = [
-    pytest.mark.skipif(TRT_INCLUDE is None, reason=f"TensorRT headers not found (set TRTSPEC_TRT_INCLUDE, or "
-                                                   f"put them at <repo>/{build.SHARED_TRT_INCLUDE})"),
-    pytest.mark.skipif(shutil.which("cmake") is None or CXX is None or shutil.which("nm") is None,
-                       reason="needs cmake, nvcc, g++ and nm"),
+    pytest.mark.skipif(
+        TRT_INCLUDE is None,
+        reason=f"TensorRT headers not found (set TRTSPEC_TRT_INCLUDE, or "
+        f"put them at <repo>/{build.SHARED_TRT_INCLUDE})",
+    ),
+    pytest.mark.skipif(
+        shutil.which("cmake") is None or CXX is None or shutil.which("nm") is None,
+        reason="needs cmake, nvcc, g++ and nm",
+    ),
 ]
 LOADER_ENTRY_POINTS = {"getCreators", "setLoggerFinder"}
 
@@ -51,8 +56,9 @@ def test_exports_exactly_the_loader_entry_points_and_the_c_abi(plugins_lib):
 def test_links_without_libnvinfer(plugins_lib):
     needed = subprocess.run(["readelf", "-d", str(plugins_lib)], capture_output=True, text=True, check=True).stdout
     assert "libnvinfer" not in needed
-    undefined = subprocess.run(["nm", "-D", "--undefined-only", str(plugins_lib)], capture_output=True,
-                               text=True, check=True).stdout
+    undefined = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(plugins_lib)], capture_output=True, text=True, check=True
+    ).stdout
     assert not re.search(r"nvinfer|getPluginRegistry|getLogger", undefined), undefined
 
 
@@ -62,8 +68,23 @@ def probe(plugins_lib, tmp_path_factory) -> tuple[str, str]:
     src = build.plugins_source_dir() / "tests" / "plugin_probe.cpp"
     exe = tmp_path_factory.mktemp("probe") / "plugin_probe"
     nvcc_include = build.find_nvcc().resolve().parent.parent / "include"
-    cmd = [CXX, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-isystem", str(TRT_INCLUDE), "-isystem",
-           str(nvcc_include), "-isystem", "/usr/local/cuda/include", str(src), "-o", str(exe), "-ldl"]
+    cmd = [
+        CXX,
+        "-std=c++17",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-isystem",
+        str(TRT_INCLUDE),
+        "-isystem",
+        str(nvcc_include),
+        "-isystem",
+        "/usr/local/cuda/include",
+        str(src),
+        "-o",
+        str(exe),
+        "-ldl",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     run = subprocess.run([str(exe), str(plugins_lib)], capture_output=True, text=True, timeout=120, check=False)
@@ -72,8 +93,10 @@ def probe(plugins_lib, tmp_path_factory) -> tuple[str, str]:
 
 
 def _cases(stdout: str) -> dict[str, tuple[int, int, str]]:
-    return {m[0]: (int(m[1]), int(m[2]), m[3]) for m in
-            re.findall(r"^case (\w+) rc=(-?\d+) errors=(\d+) last=(.*)$", stdout, flags=re.MULTILINE)}
+    return {
+        m[0]: (int(m[1]), int(m[2]), m[3])
+        for m in re.findall(r"^case (\w+) rc=(-?\d+) errors=(\d+) last=(.*)$", stdout, flags=re.MULTILINE)
+    }
 
 
 def test_creators_register_the_agreed_names_and_fields(probe):
@@ -85,8 +108,9 @@ def test_creators_register_the_agreed_names_and_fields(probe):
         assert f"version={trt_network.PLUGIN_VERSION} namespace={trt_network.PLUGIN_NAMESPACE}" in line
         assert "CREATOR_V3ONE" in line  # IPluginV3 creators: what getCreators must hand out
     fields = re.findall(r"^field (\w+) (\w+) (\w+) (\d+)$", stdout, flags=re.MULTILINE)
-    want = [(trt_network.RMSNORM_HEADS, name, kind.lower(), "1")
-            for name, _, kind in trt_network.rmsnorm_heads_fields(1e-6)]
+    want = [
+        (trt_network.RMSNORM_HEADS, name, kind.lower(), "1") for name, _, kind in trt_network.rmsnorm_heads_fields(1e-6)
+    ]
     want += [(trt_network.TREE_VERIFY, name, kind.lower(), "1") for name, _, kind in trt_network.tree_verify_fields()]
     assert fields == want
 
@@ -100,18 +124,37 @@ def test_half_precision_eps_fields_are_read(probe):
     assert got["eps_default"] == pytest.approx(1e-6, rel=1e-6)
 
 
-ACCEPTED = ["rms_ok", "rms_dynamic_ok", "rms_runtime_ok", "tv_greedy_ok", "tv_greedy_dynamic_ok", "tv_runtime_ok",
-            "tv_ids_ok", "tv_sampling_ok", "tv_sampling_step_ok"]
+ACCEPTED = [
+    "rms_ok",
+    "rms_dynamic_ok",
+    "rms_runtime_ok",
+    "tv_greedy_ok",
+    "tv_greedy_dynamic_ok",
+    "tv_runtime_ok",
+    "tv_ids_ok",
+    "tv_sampling_ok",
+    "tv_sampling_step_ok",
+]
 REJECTED = {
-    "rms_negative_eps": "eps", "rms_hidden_mismatch": "(4096) and of the weights (2048) differ",
-    "rms_weight_rank": "weights must be [K, H]", "rms_type_mismatch": "share one type",
-    "rms_runtime_mismatch": "differ", "tv_batch_mismatch": "batch and node counts must match",
-    "tv_nodes_mismatch": "batch and node counts", "tv_paths_too_long": "paths [40, 65] do not fit",
-    "tv_too_many_paths": "paths [65, 6] do not fit", "tv_too_many_nodes": "1025 nodes",
-    "tv_target_type": "target must be float32", "tv_wrong_input_count": "takes 3 inputs, got 2",
-    "tv_runtime_batch_mismatch": "batch", "tv_ids_rank": "target [B, N1]", "tv_temperature_batch": "temperature",
-    "tv_seed_three": "seed must be int64 [1]", "tv_seed_type": "seed must be int64",
-    "tv_runtime_temperature": "temperature", "tv_bad_mode": "field 'mode'",
+    "rms_negative_eps": "eps",
+    "rms_hidden_mismatch": "(4096) and of the weights (2048) differ",
+    "rms_weight_rank": "weights must be [K, H]",
+    "rms_type_mismatch": "share one type",
+    "rms_runtime_mismatch": "differ",
+    "tv_batch_mismatch": "batch and node counts must match",
+    "tv_nodes_mismatch": "batch and node counts",
+    "tv_paths_too_long": "paths [40, 65] do not fit",
+    "tv_too_many_paths": "paths [65, 6] do not fit",
+    "tv_too_many_nodes": "1025 nodes",
+    "tv_target_type": "target must be float32",
+    "tv_wrong_input_count": "takes 3 inputs, got 2",
+    "tv_runtime_batch_mismatch": "batch",
+    "tv_ids_rank": "target [B, N1]",
+    "tv_temperature_batch": "temperature",
+    "tv_seed_three": "seed must be int64 [1]",
+    "tv_seed_type": "seed must be int64",
+    "tv_runtime_temperature": "temperature",
+    "tv_bad_mode": "field 'mode'",
 }
 
 

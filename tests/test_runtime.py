@@ -4,9 +4,9 @@ drafter kind, chain and tree, batch 1 and 4; KV bookkeeping proven by a perfect 
 import pytest
 import torch
 
-from trtspec.load import load_spec_model
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.demo.tiny import make_tiny_llama
+from trtspec.load import load_spec_model
 from trtspec.models.llama import build_llama, causal_mask
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 
@@ -18,8 +18,9 @@ PROMPTS = [[1, 40, 50, 60, 70], [1, 7], [5, 6, 7, 8, 9, 10, 11, 12], [3]]
 def test_llama_forward_matches_transformers(tmp_path, model_type):
     import transformers
 
-    d = make_tiny_llama(tmp_path / model_type, model_type=model_type, max_shard_size="40KB",
-                        tie_word_embeddings=model_type == "qwen2")
+    d = make_tiny_llama(
+        tmp_path / model_type, model_type=model_type, max_shard_size="40KB", tie_word_embeddings=model_type == "qwen2"
+    )
     target = load_hf_causal_lm(d)
     model = build_llama(target.arch, target.tensors)
     hf = transformers.AutoModelForCausalLM.from_pretrained(d).eval()
@@ -97,10 +98,12 @@ def test_sampling_end_to_end_matches_plain_distribution(tmp_path):
     cfg = GenerationConfig(max_new_tokens=2, temperature=1.0)
     with torch.no_grad():
         m = gen.target
+
         def dist(ids):
             c = m.new_cache(1, 8)
             h, _ = m(torch.tensor([ids]), torch.arange(len(ids))[None], c, causal_mask(len(ids)))
             return torch.softmax(m.logits(h[0, -1]), -1)
+
         p1 = dist(prompt)
         exact2 = sum(p1[a] * dist(prompt + [a]) for a in range(12))
     n = 1500

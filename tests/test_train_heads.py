@@ -11,16 +11,16 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from trtspec.load import load_spec_model
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.cli import main
 from trtspec.demo.tiny import make_tiny_llama
 from trtspec.demo.tokenizer import write_char_tokenizer
+from trtspec.drafters import registry
+from trtspec.load import load_spec_model
 from trtspec.models.llama import build_llama, causal_mask
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 from trtspec.train import cache as cache_mod
 from trtspec.train.cache import HiddenCache, build_cache
-from trtspec.drafters import registry
 from trtspec.train.heads import save_heads
 from trtspec.train.trainer import TrainConfig, train
 
@@ -58,9 +58,9 @@ def test_cache_labels_are_the_targets_greedy_choices(tiny):
         toks = np.asarray(seq["tokens"])
         assert toks[: len(prompt)].tolist() == prompt
         P = len(prompt)
-        assert np.array_equal(np.asarray(seq["argmax"])[P - 1:-1], toks[P:])
+        assert np.array_equal(np.asarray(seq["argmax"])[P - 1 : -1], toks[P:])
         ref = gen.generate([prompt], GenerationConfig(max_new_tokens=24, speculative=False)).tokens[0]
-        assert toks[len(prompt):].tolist() + [int(seq["argmax"][-1])] == ref[: len(toks) - len(prompt) + 1]
+        assert toks[len(prompt) :].tolist() + [int(seq["argmax"][-1])] == ref[: len(toks) - len(prompt) + 1]
         with torch.no_grad():
             c = model.new_cache(1, len(toks))
             h, _ = model(torch.tensor(toks)[None], torch.arange(len(toks))[None], c, causal_mask(len(toks)))
@@ -89,11 +89,23 @@ def test_resume_is_identical_to_an_uninterrupted_run(tiny, tmp_path):
         cfg = _cfg(kind, steps=8, soft_weight=0.3)
         full, r_full = train(tiny["target"], tiny["cache"], cfg, progress=False)
         ck = tmp_path / kind
-        _, r_half = train(tiny["target"], tiny["cache"], _cfg(kind, steps=8, soft_weight=0.3), ckpt_dir=ck,
-                          progress=False, stop_after=3)
+        _, r_half = train(
+            tiny["target"],
+            tiny["cache"],
+            _cfg(kind, steps=8, soft_weight=0.3),
+            ckpt_dir=ck,
+            progress=False,
+            stop_after=3,
+        )
         assert r_half.steps == 3 and (ck / "checkpoint.pt").is_file()
-        resumed, r_res = train(tiny["target"], tiny["cache"], _cfg(kind, steps=8, soft_weight=0.3), ckpt_dir=ck,
-                               resume=True, progress=False)
+        resumed, r_res = train(
+            tiny["target"],
+            tiny["cache"],
+            _cfg(kind, steps=8, soft_weight=0.3),
+            ckpt_dir=ck,
+            resume=True,
+            progress=False,
+        )
         assert r_res.steps == 8
         assert r_res.losses == r_full.losses
         for (n, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
@@ -103,14 +115,21 @@ def test_resume_is_identical_to_an_uninterrupted_run(tiny, tmp_path):
 def test_resume_with_other_options_is_refused(tiny, tmp_path):
     train(tiny["target"], tiny["cache"], _cfg("medusa", steps=4), ckpt_dir=tmp_path, progress=False, stop_after=2)
     with pytest.raises(Exception, match="other options"):
-        train(tiny["target"], tiny["cache"], _cfg("medusa", steps=4, lr=1e-2), ckpt_dir=tmp_path, resume=True,
-              progress=False)
+        train(
+            tiny["target"],
+            tiny["cache"],
+            _cfg("medusa", steps=4, lr=1e-2),
+            ckpt_dir=tmp_path,
+            resume=True,
+            progress=False,
+        )
 
 
 def test_cache_resumes_after_an_interruption(tiny, tmp_path, monkeypatch):
     items = tiny["items"][:20]
-    ref = build_cache(tiny["target"], items, tmp_path / "ref", gen_tokens=8, batch_size=4, shard_tokens=40,
-                      progress=False)
+    ref = build_cache(
+        tiny["target"], items, tmp_path / "ref", gen_tokens=8, batch_size=4, shard_tokens=40, progress=False
+    )
     real, calls = cache_mod.run_items, {"n": 0}
 
     def flaky(*a, **k):
@@ -138,8 +157,8 @@ def test_cache_resumes_after_an_interruption(tiny, tmp_path, monkeypatch):
 
 def test_unrolled_training_forward_matches_the_runtime_drafter(tiny):
     """Step 0 / step 1 logits of the trainer's unrolled forward = the runtime drafter's depth-1 / depth-2."""
-    from trtspec.tree import build_tree
     from trtspec.train.unroll import unrolled
+    from trtspec.tree import build_tree
 
     out = tiny["root"] / "heads-mtp-single"
     if not out.exists():
@@ -152,21 +171,36 @@ def test_unrolled_training_forward_matches_the_runtime_drafter(tiny):
     h = torch.from_numpy(np.asarray(seq["hidden"], dtype=np.float32))
     n = len(toks)
     with torch.no_grad():
-        step0 = unrolled(d.module, d.embed.weight, d.lm_head, h[None, : n - 1], [toks[None, 1:]],
-                         torch.zeros(1, dtype=torch.long), torch.ones(1, n - 1, dtype=torch.bool))[0][1][0]
+        step0 = unrolled(
+            d.module,
+            d.embed.weight,
+            d.lm_head,
+            h[None, : n - 1],
+            [toks[None, 1:]],
+            torch.zeros(1, dtype=torch.long),
+            torch.ones(1, n - 1, dtype=torch.bool),
+        )[0][1][0]
         first = step0.argmax(-1)
-        res = unrolled(d.module, d.embed.weight, d.lm_head, h[None, : n - 1], [toks[None, 1:], first[None]],
-                       torch.zeros(1, dtype=torch.long), torch.ones(1, n - 1, dtype=torch.bool))
+        res = unrolled(
+            d.module,
+            d.embed.weight,
+            d.lm_head,
+            h[None, : n - 1],
+            [toks[None, 1:], first[None]],
+            torch.zeros(1, dtype=torch.long),
+            torch.ones(1, n - 1, dtype=torch.bool),
+        )
         q = n - 3
         d.reset(1, n + 8)
-        d.observe([h[: q + 1]], None, [toks[: q + 1]], [toks[1: q + 2]])
+        d.observe([h[: q + 1]], None, [toks[: q + 1]], [toks[1 : q + 2]])
         assert torch.allclose(d.last_logits[0], step0[q], atol=1e-4)
-        drafts = d.propose(build_tree(((0,), (0, 0))), toks[q + 1: q + 2])
+        drafts = d.propose(build_tree(((0,), (0, 0))), toks[q + 1 : q + 2])
     assert int(drafts[0, 1]) == int(first[q])
     assert int(drafts[0, 2]) == int(res[1][1][0, q].argmax())
 
 
 # CLI ---------------------------------------------------------------------------------------------------
+
 
 def _jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -174,12 +208,37 @@ def _jsonl(path, rows):
 
 
 def test_cli_train_heads_writes_loadable_heads(tiny, tmp_path):
-    data = _jsonl(tmp_path / "d.jsonl", [{"messages": [{"role": "user", "content": f"hello number {i}"}]}
-                                         for i in range(12)] + [{"text": "a plain text sample"}])
+    data = _jsonl(
+        tmp_path / "d.jsonl",
+        [{"messages": [{"role": "user", "content": f"hello number {i}"}]} for i in range(12)]
+        + [{"text": "a plain text sample"}],
+    )
     out = tmp_path / "heads"
-    r = CliRunner().invoke(main, ["train-heads", "-t", str(tiny["dir"]), "-k", "mtp-linear", "-d", str(data),
-                                  "-o", str(out), "--steps", "6", "--gen-tokens", "12", "--batch-tokens", "128",
-                                  "--lm-dtype", "float32", "--no-rmsnorm", "--draft-vocab", "20"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "train-heads",
+            "-t",
+            str(tiny["dir"]),
+            "-k",
+            "mtp-linear",
+            "-d",
+            str(data),
+            "-o",
+            str(out),
+            "--steps",
+            "6",
+            "--gen-tokens",
+            "12",
+            "--batch-tokens",
+            "128",
+            "--lm-dtype",
+            "float32",
+            "--no-rmsnorm",
+            "--draft-vocab",
+            "20",
+        ],
+    )
     assert r.exit_code == 0, r.output
     meta = json.loads((out / "trtspec_heads.json").read_text())
     assert meta["has_rmsnorm"] is False and meta["target"]["fingerprint"] == tiny["target"].fingerprint
@@ -189,17 +248,37 @@ def test_cli_train_heads_writes_loadable_heads(tiny, tmp_path):
     assert "covering" in r.output and 0 < spec.drafter.draft_vocab.numel() <= 20
 
 
-@pytest.mark.parametrize("content, distill, message", [
-    ("", "generate", "empty"),
-    ('{"text": "ok"}\n{not json}\n', "generate", "line 2 is not valid JSON"),
-    ('{"prompt": "x"}\n', "generate", "none of 'text', 'messages'"),
-    ('{"text": "ab"}\n{"text": "c"}\n', "teacher", "too short for the heads' horizon"),
-])
+@pytest.mark.parametrize(
+    "content, distill, message",
+    [
+        ("", "generate", "empty"),
+        ('{"text": "ok"}\n{not json}\n', "generate", "line 2 is not valid JSON"),
+        ('{"prompt": "x"}\n', "generate", "none of 'text', 'messages'"),
+        ('{"text": "ab"}\n{"text": "c"}\n', "teacher", "too short for the heads' horizon"),
+    ],
+)
 def test_cli_bad_data_gives_a_clear_error(tiny, tmp_path, content, distill, message):
     data = tmp_path / "bad.jsonl"
     data.write_text(content)
-    r = CliRunner().invoke(main, ["train-heads", "-t", str(tiny["dir"]), "-k", "medusa", "-d", str(data),
-                                  "-o", str(tmp_path / "h"), "--distill", distill, "--no-chat", "--steps", "1"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "train-heads",
+            "-t",
+            str(tiny["dir"]),
+            "-k",
+            "medusa",
+            "-d",
+            str(data),
+            "-o",
+            str(tmp_path / "h"),
+            "--distill",
+            distill,
+            "--no-chat",
+            "--steps",
+            "1",
+        ],
+    )
     assert r.exit_code == 2, r.output
     assert message in r.output and "Traceback" not in r.output
     assert not (tmp_path / "h").exists()
@@ -213,9 +292,33 @@ def test_torchrun_trains_with_ddp(tiny, tmp_path):
 
     data = _jsonl(tmp_path / "d.jsonl", [{"text": f"sample {i} hello"} for i in range(8)])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "trtspec.cli", "train-heads",
-           "-t", str(tiny["dir"]), "-k", "medusa", "-d", str(data), "-o", str(tmp_path / "h"), "--steps", "4",
-           "--gen-tokens", "8", "--batch-tokens", "64", "--lm-dtype", "float32", "--no-chat"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "trtspec.cli",
+        "train-heads",
+        "-t",
+        str(tiny["dir"]),
+        "-k",
+        "medusa",
+        "-d",
+        str(data),
+        "-o",
+        str(tmp_path / "h"),
+        "--steps",
+        "4",
+        "--gen-tokens",
+        "8",
+        "--batch-tokens",
+        "64",
+        "--lm-dtype",
+        "float32",
+        "--no-chat",
+    ]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "h.cache").iterdir()) == ["part-0-of-2", "part-1-of-2"]
@@ -230,7 +333,8 @@ def test_label_vocab_subset_and_generated_only_training(tiny):
     vocab = cache_vocab(tiny["cache"])
     labels = np.unique(np.concatenate([np.asarray(sh.argmax) for sh in tiny["cache"].shards]))
     assert set(labels.tolist()) <= set(vocab.tolist()) and len(vocab) <= VOCAB
-    module, res = train(tiny["target"], tiny["cache"], _cfg("mtp-linear", label_vocab="cache", soft_weight=0.3),
-                        progress=False)
+    module, res = train(
+        tiny["target"], tiny["cache"], _cfg("mtp-linear", label_vocab="cache", soft_weight=0.3), progress=False
+    )
     assert np.mean(res.losses[-3:]) < np.mean(res.losses[:3]) - 0.2
     assert len(_Positions(tiny["cache"], True)) < len(_Positions(tiny["cache"], False))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from trtspec.errors import UsageError
-from trtspec.tree import (build_tree, format_choices_trtllm, pack_mask, parse_choices, unpack_mask)
+from trtspec.tree import build_tree, format_choices_trtllm, pack_mask, parse_choices, unpack_mask
 
 
 def test_hand_worked_tree():
@@ -22,14 +22,18 @@ def test_hand_worked_tree():
     assert t.ranks.tolist() == [0, 0, 1, 0, 1, 0, 0]
     # one row per leaf, in node order (leaves 4, 5, 6)
     assert t.paths.tolist() == [[0, 1, 4, -1], [0, 2, 5, -1], [0, 1, 3, 6]]
-    expected = torch.tensor([
-        [1, 0, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 0, 0, 0],
-        [1, 0, 1, 0, 0, 0, 0],
-        [1, 1, 0, 1, 0, 0, 0],
-        [1, 1, 0, 0, 1, 0, 0],
-        [1, 0, 1, 0, 0, 1, 0],
-        [1, 1, 0, 1, 0, 0, 1]], dtype=torch.bool)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0],
+            [1, 0, 1, 0, 0, 0, 0],
+            [1, 1, 0, 1, 0, 0, 0],
+            [1, 1, 0, 0, 1, 0, 0],
+            [1, 0, 1, 0, 0, 1, 0],
+            [1, 1, 0, 1, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(t.mask, expected)
     # bit j of row i: row 6 = nodes {0,1,3,6} -> 1 + 2 + 8 + 64
     assert t.packed_mask[:, 0].tolist() == [1, 3, 5, 11, 19, 37, 75]

@@ -10,18 +10,30 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from tritonclient.grpc import model_config_pb2 as pb
-
 from convert_fixtures import make_spec
+from tritonclient.grpc import model_config_pb2 as pb
 from trtllm_facts import facts
+
 from trtspec.cli import main
 from trtspec.engine import trtllm
 from trtspec.triton.validate import PLACEHOLDER, validate_repository
 
-HEADS_DIR = {"none": None, "medusa": "medusa", "mtp-linear": "mtp-linear", "eagle": "eagle",
-             "mtp-single": "mtp-single", "draft-model": "draft"}
-PARALLEL = {"none": [(1, 1), (2, 2)], "medusa": [(1, 1), (2, 1)], "mtp-linear": [(2, 1)], "eagle": [(2, 1)],
-            "mtp-single": [(1, 1)], "draft-model": [(1, 1), (2, 2)]}
+HEADS_DIR = {
+    "none": None,
+    "medusa": "medusa",
+    "mtp-linear": "mtp-linear",
+    "eagle": "eagle",
+    "mtp-single": "mtp-single",
+    "draft-model": "draft",
+}
+PARALLEL = {
+    "none": [(1, 1), (2, 2)],
+    "medusa": [(1, 1), (2, 1)],
+    "mtp-linear": [(2, 1)],
+    "eagle": [(2, 1)],
+    "mtp-single": [(1, 1)],
+    "draft-model": [(1, 1), (2, 2)],
+}
 SETTINGS = [(k, tp, pp, dec) for k, par in PARALLEL.items() for tp, pp in par for dec in (True, False)]
 
 needs_no_trtllm = pytest.mark.skipif(trtllm.available()[0], reason="TensorRT-LLM + GPU present: the real build runs")
@@ -39,9 +51,22 @@ def _build(root, kind, tp, pp, decoupled):
     out = root / f"b-{kind}-{tp}-{pp}-{decoupled}"
     if (out / "triton_repo").is_dir():
         return out / "triton_repo"
-    args = ["build", "--target", str(base / "target"), "--out", str(out), "--tp-size", str(tp), "--pp-size",
-            str(pp), "--config", "demo", "--allow-no-gpu", "--no-progress",
-            "--decoupled" if decoupled else "--no-decoupled"]
+    args = [
+        "build",
+        "--target",
+        str(base / "target"),
+        "--out",
+        str(out),
+        "--tp-size",
+        str(tp),
+        "--pp-size",
+        str(pp),
+        "--config",
+        "demo",
+        "--allow-no-gpu",
+        "--no-progress",
+        "--decoupled" if decoupled else "--no-decoupled",
+    ]
     if HEADS_DIR[kind]:
         args += ["--heads", str(base / HEADS_DIR[kind]), "--tree", "chain:3"]
     r = CliRunner().invoke(main, args, catch_exceptions=False)
@@ -131,8 +156,17 @@ def test_reference_repository_matches_upstream(fixtures, kind, decoupled):
     if not (base / "target").exists():
         make_spec(base, kind)
     out = fixtures / f"ref-{kind}-{decoupled}"
-    args = ["triton", "emit", "--target", str(base / "target"), "--runtime", "reference", "--out", str(out),
-            "--decoupled" if decoupled else "--no-decoupled"]
+    args = [
+        "triton",
+        "emit",
+        "--target",
+        str(base / "target"),
+        "--runtime",
+        "reference",
+        "--out",
+        str(out),
+        "--decoupled" if decoupled else "--no-decoupled",
+    ]
     if HEADS_DIR[kind]:
         args += ["--heads", str(base / HEADS_DIR[kind]), "--heads-format", kind, "--tree", "chain:3"]
     r = CliRunner().invoke(main, args, catch_exceptions=False)

@@ -9,14 +9,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from triton_support import make_model
 
+from trtspec.cli import main
 from trtspec.errors import CheckpointError, UsageError
 from trtspec.load import load_spec_model
-from trtspec.cli import main
 from trtspec.triton.emit import MANIFEST, MODELS, TEMPLATE_DIR, emit_repository, fill_template
 from trtspec.triton.validate import load_repository, parse_config, validate_repository
-
-from triton_support import make_model
 
 pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
@@ -42,8 +41,9 @@ def _unset(cfg) -> set[str]:
 
 @pytest.mark.parametrize("runtime", ["reference", "trtllm"])
 def test_both_runtimes_parse_and_share_the_contract(spec, tmp_path, runtime):
-    repo = emit_repository(spec, runtime, tmp_path / "repo", engine_dir=Path("/engines/llama"),
-                           options={"max_seq_len": 256})
+    repo = emit_repository(
+        spec, runtime, tmp_path / "repo", engine_dir=Path("/engines/llama"), options={"max_seq_len": 256}
+    )
     cfgs = validate_repository(repo)
     assert set(cfgs) == set(MODELS)
     llm = cfgs["tensorrt_llm"]
@@ -68,8 +68,15 @@ def test_both_runtimes_parse_and_share_the_contract(spec, tmp_path, runtime):
 
     assert parse_choices(p["medusa_choices"]) == spec.tree.choices
     ens = cfgs["ensemble"]
-    assert {i.name for i in ens.input} >= {"text_input", "max_tokens", "stream", "temperature", "top_k", "top_p",
-                                          "return_perf_metrics"}
+    assert {i.name for i in ens.input} >= {
+        "text_input",
+        "max_tokens",
+        "stream",
+        "temperature",
+        "top_k",
+        "top_p",
+        "return_perf_metrics",
+    }
     assert "text_output" in {o.name for o in ens.output}
     assert [s.model_name for s in ens.ensemble_scheduling.step] == ["preprocessing", "tensorrt_llm", "postprocessing"]
     # the same tensors in both runtimes: only backend and runtime-specific parameters differ
@@ -89,11 +96,14 @@ def test_both_runtimes_parse_and_share_the_contract(spec, tmp_path, runtime):
 
 def test_runtimes_have_identical_tensors(spec, tmp_path):
     a = load_repository(emit_repository(spec, "reference", tmp_path / "a"))
-    b = load_repository(emit_repository(spec, "trtllm", tmp_path / "b", engine_dir=Path("/e"), options={"max_seq_len": 64}))
+    b = load_repository(
+        emit_repository(spec, "trtllm", tmp_path / "b", engine_dir=Path("/e"), options={"max_seq_len": 64})
+    )
     for name in MODELS:
         for field in ("input", "output"):
-            sig = lambda cfg: [(t.name, t.data_type, list(t.dims), t.optional if field == "input" else 0)
-                               for t in getattr(cfg, field)]
+            sig = lambda cfg: [
+                (t.name, t.data_type, list(t.dims), t.optional if field == "input" else 0) for t in getattr(cfg, field)
+            ]
             assert sig(a[name]) == sig(b[name]), (name, field)
 
 
@@ -102,8 +112,10 @@ def test_unfilled_placeholders_are_refused(tmp_path):
     with pytest.raises(UsageError, match="no value for placeholder"):
         fill_template(text, {"triton_backend": "python"})
     with pytest.raises(CheckpointError, match=r"placeholder \$\{engine_dir\} was not filled"):
-        parse_config('name: "x"\nbackend: "tensorrtllm"\nparameters: { key: "gpt_model_type" value: { string_value: '
-                     '"v1" } }\nparameters: { key: "gpt_model_path" value: { string_value: "${engine_dir}" } }')
+        parse_config(
+            'name: "x"\nbackend: "tensorrtllm"\nparameters: { key: "gpt_model_type" value: { string_value: '
+            '"v1" } }\nparameters: { key: "gpt_model_path" value: { string_value: "${engine_dir}" } }'
+        )
     with pytest.raises(CheckpointError, match=r"placeholder \$\{n\} was not filled"):
         parse_config('name: "x"\nbackend: "python"\nmax_batch_size: ${n}\n')
     # an optional parameter left unset keeps its text, as upstream's fill_template leaves it
@@ -141,8 +153,9 @@ def test_eagle3_has_no_engine_path_and_options_are_checked(spec, tmp_path):
 def test_plugin_library_is_copied_and_preloaded(spec, tmp_path):
     lib = tmp_path / "libtrtspec_plugins.so"
     lib.write_bytes(b"\x7fELF")  # only copied, never loaded here
-    repo = emit_repository(spec, "trtllm", tmp_path / "repo", engine_dir=Path("/engines"), plugin_library=lib,
-                           options={"max_seq_len": 64})
+    repo = emit_repository(
+        spec, "trtllm", tmp_path / "repo", engine_dir=Path("/engines"), plugin_library=lib, options={"max_seq_len": 64}
+    )
     rel = "tensorrt_llm/1/plugins/libtrtspec_plugins.so"
     assert (repo / rel).read_bytes() == b"\x7fELF"
     assert _params(load_repository(repo)["tensorrt_llm"])["trtspec_plugin_library"] == rel
@@ -152,8 +165,13 @@ def test_plugin_library_is_copied_and_preloaded(spec, tmp_path):
 
 
 def test_plugin_library_built_later_is_still_preloaded(spec, tmp_path):
-    repo = emit_repository(spec, "trtllm", tmp_path / "repo", engine_dir=Path("/engines"),
-                           options={"plugin_library_name": "libtrtspec_plugins.so", "max_seq_len": 64})
+    repo = emit_repository(
+        spec,
+        "trtllm",
+        tmp_path / "repo",
+        engine_dir=Path("/engines"),
+        options={"plugin_library_name": "libtrtspec_plugins.so", "max_seq_len": 64},
+    )
     res = CliRunner().invoke(main, ["serve", str(repo)])
     assert res.exit_code == 0 and "LD_PRELOAD=/models/tensorrt_llm/1/plugins/libtrtspec_plugins.so" in res.output
     assert "is missing: copy the plugin library there first" in res.output
@@ -173,15 +191,16 @@ def test_replaces_only_trtspec_repositories(spec, tmp_path):
 
 def test_cli_emit(model, tmp_path):
     spec_file = tmp_path / "spec.json"
-    spec_file.write_text(json.dumps({"target": str(model["target"]), "heads": str(model["heads"]),
-                                     "tree": "chain:2"}))
-    res = CliRunner().invoke(main, ["triton", "emit", "--spec", str(spec_file), "--runtime", "reference",
-                                    "--out", str(tmp_path / "repo")])
+    spec_file.write_text(json.dumps({"target": str(model["target"]), "heads": str(model["heads"]), "tree": "chain:2"}))
+    res = CliRunner().invoke(
+        main, ["triton", "emit", "--spec", str(spec_file), "--runtime", "reference", "--out", str(tmp_path / "repo")]
+    )
     assert res.exit_code == 0, res.output
     p = _params(load_repository(tmp_path / "repo")["tensorrt_llm"])
     assert p["medusa_choices"] == "{0}, {0, 0}" and p["max_draft_len"] == "2"
-    res = CliRunner().invoke(main, ["triton", "emit", "--target", str(model["target"]), "--runtime", "trtllm",
-                                    "--out", str(tmp_path / "r2")])
+    res = CliRunner().invoke(
+        main, ["triton", "emit", "--target", str(model["target"]), "--runtime", "trtllm", "--out", str(tmp_path / "r2")]
+    )
     assert res.exit_code == 2 and "engine directory" in res.output and "Traceback" not in res.output
     shutil.rmtree(tmp_path / "repo")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from convert_fixtures import make_spec
 from trtllm_facts import facts
+
 from trtspec.cli import main
 from trtspec.triton.emit import emit_repository
 from trtspec.triton.launch import TRTLLM_IMAGE
@@ -28,9 +28,15 @@ def specs(tmp_path_factory):
 def fake_engine(path: Path, tp: int, pp: int) -> Path:
     """A built engine's config.json as trtllm-build writes it (only what launch.sh reads)."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({
-        "version": "1.2.1", "pretrained_config": {"mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}},
-        "build_config": {"max_seq_len": 512}}))
+    (path / "config.json").write_text(
+        json.dumps(
+            {
+                "version": "1.2.1",
+                "pretrained_config": {"mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}},
+                "build_config": {"max_seq_len": 512},
+            }
+        )
+    )
     return path
 
 
@@ -38,8 +44,9 @@ def dry_run(repo: Path, *args: str, inside: bool = True) -> list[str]:
     env = {"PATH": "/usr/bin:/bin", "TRITONSERVER": "/opt/tritonserver/bin/tritonserver"}
     if inside:
         env["TRTSPEC_INSIDE"] = "1"
-    r = subprocess.run(["bash", str(repo / "launch.sh"), "--dry-run", *args], capture_output=True, text=True,
-                       env=env, timeout=60)
+    r = subprocess.run(
+        ["bash", str(repo / "launch.sh"), "--dry-run", *args], capture_output=True, text=True, env=env, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     return shlex.split(r.stdout)
 
@@ -119,7 +126,20 @@ def test_relative_engine_dir_is_made_absolute(specs, tmp_path, monkeypatch):
 
 
 def test_emit_without_max_seq_len_is_one_clear_error(specs, tmp_path):
-    res = CliRunner().invoke(main, ["triton", "emit", "--target", str(specs["medusa"].target.path), "--runtime",
-                                    "trtllm", "--engine-dir", str(tmp_path / "nothing"), "--out", str(tmp_path / "r")])
+    res = CliRunner().invoke(
+        main,
+        [
+            "triton",
+            "emit",
+            "--target",
+            str(specs["medusa"].target.path),
+            "--runtime",
+            "trtllm",
+            "--engine-dir",
+            str(tmp_path / "nothing"),
+            "--out",
+            str(tmp_path / "r"),
+        ],
+    )
     assert res.exit_code == 2 and res.output.startswith("error: ") and "max_seq_len" in res.output
     assert "Traceback" not in res.output and len(res.output.strip().splitlines()) <= 2

@@ -6,10 +6,9 @@ from __future__ import annotations
 import threading
 
 import pytest
+from triton_support import PROMPTS, Oracle, make_model
 
 from trtspec.triton.reference_backend import GenRequest, ReferenceBackend, Reply
-
-from triton_support import PROMPTS, Oracle, make_model
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +34,16 @@ class Collector:
 
 def _submit(backend, oracle, prompt, n, streaming, **kw):
     c = Collector()
-    backend.submit(GenRequest(prompt=oracle.tok.encode(prompt), max_new_tokens=n, emit=c, streaming=streaming,
-                              end_id=oracle.tok.eos_token_id, **kw))
+    backend.submit(
+        GenRequest(
+            prompt=oracle.tok.encode(prompt),
+            max_new_tokens=n,
+            emit=c,
+            streaming=streaming,
+            end_id=oracle.tok.eos_token_id,
+            **kw,
+        )
+    )
     return c
 
 
@@ -71,7 +78,7 @@ def test_plain_mode_and_stop_sequences(oracle):
         assert c.done.wait(60)
         toks = c.tokens
         # ends at the first occurrence of the stop sequence, which is kept (like TensorRT-LLM)
-        first = next(i for i in range(len(full)) if full[i:i + 2] == stop)
+        first = next(i for i in range(len(full)) if full[i : i + 2] == stop)
         assert toks == full[: first + 2]
         assert c.replies[-1].draft_tokens == 0 and c.replies[-1].accepted_draft_tokens == 0
     finally:

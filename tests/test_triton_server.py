@@ -15,12 +15,11 @@ import urllib.error
 import urllib.request
 
 import pytest
+from triton_support import PROMPTS, Oracle, make_model
 
 from trtspec.errors import UsageError
 from trtspec.load import load_spec_model
 from trtspec.triton.emit import emit_repository
-
-from triton_support import PROMPTS, Oracle, make_model
 
 pytest.importorskip("pytriton")
 pytest.importorskip("tritonclient.grpc")
@@ -49,8 +48,9 @@ def oracle(model):
 def server(model, tmp_path_factory):
     root = tmp_path_factory.mktemp("triton_server")
     spec = load_spec_model(model["target"], model["heads"])
-    repo = emit_repository(spec, "reference", root / "repo", options={"max_batch_size": 8, "device": "cpu",
-                                                                      "torch_threads": 1})
+    repo = emit_repository(
+        spec, "reference", root / "repo", options={"max_batch_size": 8, "device": "cpu", "torch_threads": 1}
+    )
     srv = TritonServer(repo, log_path=root / "tritonserver.log", startup_timeout_s=120)
     srv.start()
     yield srv
@@ -103,8 +103,10 @@ def test_text_equals_offline_greedy(server, oracle, model_name, protocol, stream
 
 
 def test_32_concurrent_streams(server, oracle):
-    jobs = [(PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)), 6 + (i * 5) % 11, "http" if i % 2 else "grpc")
-            for i in range(32)]
+    jobs = [
+        (PROMPTS[i % len(PROMPTS)] + " " * (i // len(PROMPTS)), 6 + (i * 5) % 11, "http" if i % 2 else "grpc")
+        for i in range(32)
+    ]
     results: dict[int, str] = {}
     errors: list[str] = []
     barrier = threading.Barrier(len(jobs))
@@ -131,20 +133,26 @@ def test_32_concurrent_streams(server, oracle):
         assert results[i] == oracle.text(prompt, n), (i, prompt, n)
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"text_input": "", "max_tokens": 8}, "text_input is empty"),
-    ({"text_input": "   ", "max_tokens": 8}, "text_input is empty"),
-    ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be >= 1"),
-    ({"text_input": "hi", "max_tokens": -3}, "max_tokens must be >= 1"),
-    ({"text_input": "hi", "max_tokens": 2_000_000_000}, "exceeds the model's max_seq_len"),
-    ({"text_input": "hi", "max_tokens": "eight"}, "Unable to parse"),
-    ({"text_input": "hi", "max_tokens": 8, "temperature": "hot"}, "Unable to parse"),
-    ({"text_input": "hi", "max_tokens": 8, "beam_width": 4}, "beam_width=4 is not supported"),
-    ({"max_tokens": 8}, "text_input"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"text_input": "", "max_tokens": 8}, "text_input is empty"),
+        ({"text_input": "   ", "max_tokens": 8}, "text_input is empty"),
+        ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"text_input": "hi", "max_tokens": -3}, "max_tokens must be >= 1"),
+        ({"text_input": "hi", "max_tokens": 2_000_000_000}, "exceeds the model's max_seq_len"),
+        ({"text_input": "hi", "max_tokens": "eight"}, "Unable to parse"),
+        ({"text_input": "hi", "max_tokens": 8, "temperature": "hot"}, "Unable to parse"),
+        ({"text_input": "hi", "max_tokens": 8, "beam_width": 4}, "beam_width=4 is not supported"),
+        ({"max_tokens": 8}, "text_input"),
+    ],
+)
 def test_bad_requests_get_clear_errors(server, oracle, body, message):
-    req = urllib.request.Request(f"http://{server.http_url}/v2/models/ensemble/generate", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{server.http_url}/v2/models/ensemble/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(req, timeout=30)
     assert 400 <= info.value.code < 600
@@ -181,9 +189,11 @@ def test_server_stops_on_error_and_reports_load_failures(tmp_path):
     """A model that fails to load: a clear error quoting the log, and nothing left running."""
     bad = tmp_path / "repo" / "broken"
     (bad / "1").mkdir(parents=True)
-    (bad / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\nmax_batch_size: 0\n'
-                                      'input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
-                                      'output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n')
+    (bad / "config.pbtxt").write_text(
+        'name: "broken"\nbackend: "python"\nmax_batch_size: 0\n'
+        'input [ { name: "x" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "y" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+    )
     (bad / "1" / "model.py").write_text("raise RuntimeError('deliberately broken model')\n")
     srv = TritonServer(tmp_path / "repo", log_path=tmp_path / "log.txt", startup_timeout_s=60)
     with pytest.raises(UsageError, match="deliberately broken model"):
@@ -200,12 +210,27 @@ def test_client_cli(server, oracle):
     res = r.invoke(main, ["client", "stream", "--url", server.http_url, "--max-tokens", "12", PROMPTS[2]])
     assert res.exit_code == 0, res.output
     assert oracle.text(PROMPTS[2], 12) in res.output and "mean acceptance length" in res.output
-    res = r.invoke(main, ["client", "generate", "--protocol", "grpc", "--url", server.grpc_url,
-                          "--model", "tensorrt_llm_bls", "--max-tokens", "12", PROMPTS[3]])
+    res = r.invoke(
+        main,
+        [
+            "client",
+            "generate",
+            "--protocol",
+            "grpc",
+            "--url",
+            server.grpc_url,
+            "--model",
+            "tensorrt_llm_bls",
+            "--max-tokens",
+            "12",
+            PROMPTS[3],
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert oracle.text(PROMPTS[3], 12) in res.output
-    res = r.invoke(main, ["client", "bench", "--url", server.http_url, "-c", "1", "-c", "4", "-n", "8",
-                          "--max-tokens", "8"])
+    res = r.invoke(
+        main, ["client", "bench", "--url", server.http_url, "-c", "1", "-c", "4", "-n", "8", "--max-tokens", "8"]
+    )
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.output.splitlines() if ln.startswith("concurrency")]
     assert len(lines) == 2 and all("(0 errors)" in ln and "TTFT p50" in ln for ln in lines)
@@ -240,9 +265,25 @@ def test_serve_command_starts_prints_and_stops_on_ctrl_c(tmp_path):
     (tmp_path / "repo" / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
     (tmp_path / "repo" / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
     hp, gp, mp = free_port(), free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "trtspec.cli", "serve", str(tmp_path / "repo"), "--http-port",
-                             str(hp), "--grpc-port", str(gp), "--metrics-port", str(mp)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trtspec.cli",
+            "serve",
+            str(tmp_path / "repo"),
+            "--http-port",
+            str(hp),
+            "--grpc-port",
+            str(gp),
+            "--metrics-port",
+            str(mp),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         ready = ""
         deadline = time.monotonic() + 120
@@ -284,7 +325,7 @@ def test_server_is_stopped_when_a_test_fails(tmp_path):
     (repo / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
     (repo / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
     pid_file = tmp_path / "pid"
-    (tmp_path / "test_inner.py").write_text(f'''
+    (tmp_path / "test_inner.py").write_text(f"""
 import pytest
 from trtspec.triton.server import TritonServer
 
@@ -296,9 +337,14 @@ def server():
 def test_fails(server):
     open({str(pid_file)!r}, "w").write(str(server.proc.pid))
     assert False, "deliberate failure"
-''')
-    res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+""")
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path / "test_inner.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 1 and "deliberate failure" in res.stdout, res.stdout[-2000:]
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):

@@ -18,9 +18,9 @@ from functools import partial
 
 import numpy as np
 import pytest
-
 from convert_fixtures import make_spec
 from triton_support import PROMPTS, Oracle
+
 from trtspec.triton.emit import emit_repository
 
 pytest.importorskip("pytriton")
@@ -34,9 +34,18 @@ from trtspec.triton.server import TritonServer  # noqa: E402
 pytestmark = pytest.mark.slow
 
 #: the outputs end_to_end_grpc_client requests with --return-perf-metrics
-PERF_OUTPUTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
-                "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-                "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+PERF_OUTPUTS = (
+    "kv_cache_alloc_new_blocks",
+    "kv_cache_reused_blocks",
+    "kv_cache_alloc_total_blocks",
+    "arrival_time_ns",
+    "first_scheduled_time_ns",
+    "first_token_time_ns",
+    "last_token_time_ns",
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+)
 REF_OPTIONS = {"max_batch_size": 8, "device": "cpu", "torch_threads": 1}
 
 
@@ -80,14 +89,16 @@ def _tensor(name, arr):
 
 def stock_inputs(prompt: str, output_len: int, streaming: bool, temperature: float = 0.0, **extra) -> dict:
     """The ensemble/BLS request of end_to_end_grpc_client: every tensor [1, 1], its dtypes."""
-    inputs = {"text_input": np.array([[prompt]]).astype(object),
-              "max_tokens": np.ones_like([[prompt]]).astype(np.int32) * output_len,
-              "stream": np.array([[streaming]], dtype=bool),
-              "beam_width": np.array([[1]], dtype=np.int32),
-              "temperature": np.array([[temperature]], dtype=np.float32),
-              "num_return_sequences": np.array([[1]], dtype=np.int32),
-              "exclude_input_in_output": np.array([[False]], dtype=bool),
-              "return_perf_metrics": np.array([[True]], dtype=bool)}
+    inputs = {
+        "text_input": np.array([[prompt]]).astype(object),
+        "max_tokens": np.ones_like([[prompt]]).astype(np.int32) * output_len,
+        "stream": np.array([[streaming]], dtype=bool),
+        "beam_width": np.array([[1]], dtype=np.int32),
+        "temperature": np.array([[temperature]], dtype=np.float32),
+        "num_return_sequences": np.array([[1]], dtype=np.int32),
+        "exclude_input_in_output": np.array([[False]], dtype=bool),
+        "return_perf_metrics": np.array([[True]], dtype=bool),
+    }
     inputs.update(extra)
     return inputs
 
@@ -101,8 +112,12 @@ def stream_infer(url: str, model: str, inputs: dict, outputs: list[str]) -> list
         q.put(error if error else result)
 
     client.start_stream(callback=partial(callback, got))
-    client.async_stream_infer(model, [_tensor(k, v) for k, v in inputs.items()],
-                              outputs=[grpcclient.InferRequestedOutput(o) for o in outputs], request_id="1")
+    client.async_stream_infer(
+        model,
+        [_tensor(k, v) for k, v in inputs.items()],
+        outputs=[grpcclient.InferRequestedOutput(o) for o in outputs],
+        request_id="1",
+    )
     client.stop_stream()  # waits for the server to close the stream
     client.close()
     results = []
@@ -117,8 +132,12 @@ def test_end_to_end_grpc_client_request(draft_setup, model_name, streaming):
     srv, oracle = draft_setup
     prompt, n = PROMPTS[1], 12
     # (+ batch_index / sequence_index: what the stock client requests with --batch-inputs / -n)
-    results = stream_infer(srv.grpc_url, model_name, stock_inputs(prompt, n, streaming),
-                           ["text_output", "batch_index", "sequence_index", *PERF_OUTPUTS])
+    results = stream_infer(
+        srv.grpc_url,
+        model_name,
+        stock_inputs(prompt, n, streaming),
+        ["text_output", "batch_index", "sequence_index", *PERF_OUTPUTS],
+    )
     errors = [r for r in results if isinstance(r, Exception)]
     assert not errors, errors
     text = ""
@@ -131,10 +150,17 @@ def test_end_to_end_grpc_client_request(draft_setup, model_name, streaming):
     perf = {k: last.as_numpy(k)[0][0] for k in PERF_OUTPUTS}  # every perf output is there, [1, 1]
     greedy = oracle.text(prompt, n)
     # not streaming and exclude_input_in_output false: the prompt comes back too (the client's check)
-    assert text == (greedy if streaming else oracle.tok.decode(oracle.tok.encode(prompt) + list(oracle.tokens(prompt, n)),
-                                                               skip_special_tokens=True))
-    assert perf["arrival_time_ns"] <= perf["first_scheduled_time_ns"] <= perf["first_token_time_ns"] \
+    assert text == (
+        greedy
+        if streaming
+        else oracle.tok.decode(oracle.tok.encode(prompt) + list(oracle.tokens(prompt, n)), skip_special_tokens=True)
+    )
+    assert (
+        perf["arrival_time_ns"]
+        <= perf["first_scheduled_time_ns"]
+        <= perf["first_token_time_ns"]
         <= perf["last_token_time_ns"]
+    )
     assert perf["kv_cache_alloc_total_blocks"] >= 1 and perf["kv_cache_reused_blocks"] == 0
     assert 0 <= perf["total_accepted_draft_tokens"] <= perf["total_draft_tokens"]
 
@@ -159,19 +185,24 @@ def test_inflight_batcher_llm_client_request(draft_setup):
     srv, oracle = draft_setup
     prompt, n = PROMPTS[3], 10
     ids = oracle.tok.encode(prompt)
-    inputs = {"input_ids": np.array([ids], dtype=np.int32),
-              "input_lengths": np.array([[len(ids)]], dtype=np.int32),
-              "request_output_len": np.array([[n]], dtype=np.int32),
-              "streaming": np.array([[False]], dtype=bool),
-              "beam_width": np.array([[1]], dtype=np.int32),
-              "end_id": np.array([[oracle.tok.eos_token_id if oracle.tok.eos_token_id is not None else -1]],
-                                 dtype=np.int32),
-              "exclude_input_in_output": np.array([[True]], dtype=bool),
-              "return_perf_metrics": np.array([[True]], dtype=bool),
-              "return_num_input_tokens": np.array([[True]], dtype=bool),
-              "return_num_output_tokens": np.array([[True]], dtype=bool)}
-    results = stream_infer(srv.grpc_url, "tensorrt_llm", inputs,
-                           ["output_ids", "sequence_length", "num_input_tokens", "num_output_tokens", *PERF_OUTPUTS])
+    inputs = {
+        "input_ids": np.array([ids], dtype=np.int32),
+        "input_lengths": np.array([[len(ids)]], dtype=np.int32),
+        "request_output_len": np.array([[n]], dtype=np.int32),
+        "streaming": np.array([[False]], dtype=bool),
+        "beam_width": np.array([[1]], dtype=np.int32),
+        "end_id": np.array([[oracle.tok.eos_token_id if oracle.tok.eos_token_id is not None else -1]], dtype=np.int32),
+        "exclude_input_in_output": np.array([[True]], dtype=bool),
+        "return_perf_metrics": np.array([[True]], dtype=bool),
+        "return_num_input_tokens": np.array([[True]], dtype=bool),
+        "return_num_output_tokens": np.array([[True]], dtype=bool),
+    }
+    results = stream_infer(
+        srv.grpc_url,
+        "tensorrt_llm",
+        inputs,
+        ["output_ids", "sequence_length", "num_input_tokens", "num_output_tokens", *PERF_OUTPUTS],
+    )
     assert not [r for r in results if isinstance(r, Exception)]
     r = results[0]
     length = r.as_numpy("sequence_length")[0][0]
@@ -187,8 +218,10 @@ def test_plain_http_infer_when_not_decoupled(unary_setup, model_name):
     assert not client.get_model_config("tensorrt_llm")["model_transaction_policy"].get("decoupled", False)
     for prompt, n in ((PROMPTS[0], 16), (PROMPTS[4], 9)):
         inputs = []
-        for name, arr in (("text_input", np.array([[prompt]], dtype=object)),
-                          ("max_tokens", np.array([[n]], dtype=np.int32))):
+        for name, arr in (
+            ("text_input", np.array([[prompt]], dtype=object)),
+            ("max_tokens", np.array([[n]], dtype=np.int32)),
+        ):
             t = httpclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
             t.set_data_from_numpy(arr)
             inputs.append(t)
@@ -203,10 +236,12 @@ def test_draft_target_through_bls_over_plain_http(unary_setup):
     client = httpclient.InferenceServerClient(srv.http_url)
     prompt, n = PROMPTS[5], 11
     inputs = []
-    for name, arr in (("text_input", np.array([[prompt]], dtype=object)),
-                      ("max_tokens", np.array([[n]], dtype=np.int32)),
-                      ("num_draft_tokens", np.array([[2]], dtype=np.int32)),
-                      ("return_perf_metrics", np.array([[True]], dtype=bool))):
+    for name, arr in (
+        ("text_input", np.array([[prompt]], dtype=object)),
+        ("max_tokens", np.array([[n]], dtype=np.int32)),
+        ("num_draft_tokens", np.array([[2]], dtype=np.int32)),
+        ("return_perf_metrics", np.array([[True]], dtype=bool)),
+    ):
         t = httpclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
         t.set_data_from_numpy(arr)
         inputs.append(t)
@@ -218,7 +253,6 @@ def test_draft_target_through_bls_over_plain_http(unary_setup):
 
 def test_streaming_on_a_not_decoupled_repository_is_refused_clearly(unary_setup):
     srv, _ = unary_setup
-    results = stream_infer(srv.grpc_url, "tensorrt_llm_bls", stock_inputs(PROMPTS[0], 4, True),
-                           ["text_output"])
+    results = stream_infer(srv.grpc_url, "tensorrt_llm_bls", stock_inputs(PROMPTS[0], 4, True), ["text_output"])
     assert len(results) == 1 and isinstance(results[0], Exception)
     assert "decoupled" in str(results[0])

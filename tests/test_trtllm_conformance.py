@@ -16,17 +16,22 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from convert_fixtures import make_spec
 from trtllm_facts import facts
+
 from trtspec.cli import main
 from trtspec.engine import trtllm
 from trtspec.engine.plan import TRTLLM_BUILD_FLAGS, parse_script_commands
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS_FILE = REPO / "trtspec" / "engine" / "trtllm_models.py"
-HEADS_DIR = {"medusa": "medusa", "mtp-linear": "mtp-linear", "eagle": "eagle", "mtp-single": "mtp-single",
-             "draft-model": "draft"}
+HEADS_DIR = {
+    "medusa": "medusa",
+    "mtp-linear": "mtp-linear",
+    "eagle": "eagle",
+    "mtp-single": "mtp-single",
+    "draft-model": "draft",
+}
 #: (kind, tp, pp): every kind at tp 1/2; pp 2 only where the kind allows it (the others are refused, tested
 #: in test_convert_roundtrip.py)
 SETTINGS = [(k, tp, 1) for k in HEADS_DIR for tp in (1, 2)] + [("draft-model", 2, 2), ("none", 1, 2)]
@@ -53,8 +58,21 @@ def built(tmp_path_factory):
         if not (base / "target").exists():
             make_spec(base, kind)
         out = root / f"out-{kind}-tp{tp}-pp{pp}"
-        args = ["build", "--target", str(base / "target"), "--out", str(out), "--tp-size", str(tp),
-                "--pp-size", str(pp), "--config", "demo", "--allow-no-gpu", "--no-progress"]
+        args = [
+            "build",
+            "--target",
+            str(base / "target"),
+            "--out",
+            str(out),
+            "--tp-size",
+            str(tp),
+            "--pp-size",
+            str(pp),
+            "--config",
+            "demo",
+            "--allow-no-gpu",
+            "--no-progress",
+        ]
         if kind != "none":
             args += ["--heads", str(base / HEADS_DIR[kind]), "--tree", "chain:3"]
         r = CliRunner().invoke(main, args, catch_exceptions=False)
@@ -108,8 +126,8 @@ SUPPLEMENT = {
     "ModuleList": "(self, modules)",
     "Parameter": "(self, value=None, shape=None, dtype=None, is_buffer=False)",
     "ColumnLinear": "(self, in_features, out_features, bias=True, dtype=None, tp_group=None, tp_size=1, "
-                    "gather_output=True, share_weight=None, strict_dtype=False, pad_lda=0, pad_ldc=0, "
-                    "prefer_managed_weight=True, is_qkv=False)",
+    "gather_output=True, share_weight=None, strict_dtype=False, pad_lda=0, pad_ldc=0, "
+    "prefer_managed_weight=True, is_qkv=False)",
     "Module": "(self)",
 }
 
@@ -138,12 +156,12 @@ class Sig:
             depth += (ch == "(") - (ch == ")")
             if depth == 0:
                 break
-        fn = ast.parse(f"def f{text[:end + 1]}: pass").body[0].args
+        fn = ast.parse(f"def f{text[: end + 1]}: pass").body[0].args
         pos = [a.arg for a in fn.posonlyargs + fn.args]
         self.has_self = bool(pos) and pos[0] in ("self", "cls")
         self.pos = pos[1:] if self.has_self else pos
         n_def = len(fn.defaults)
-        self.required = set(self.pos[:len(self.pos) - n_def] if n_def else self.pos)
+        self.required = set(self.pos[: len(self.pos) - n_def] if n_def else self.pos)
         self.kwonly = [a.arg for a in fn.kwonlyargs]
         self.required |= {a.arg for a, d in zip(fn.kwonlyargs, fn.kw_defaults) if d is None}
         self.varargs, self.varkw = fn.vararg is not None, fn.kwarg is not None
@@ -197,13 +215,13 @@ def check_model_file(source: str) -> list[str]:
                 return name, None
             name = _name(cls.bases[0]) if cls.bases else "object"
         if name in imported and name not in sigs:
-            problems.append(f"{name} (from {imported[name]}) is called or subclassed but no 1.2.1 signature is "
-                            f"recorded for it")
+            problems.append(
+                f"{name} (from {imported[name]}) is called or subclassed but no 1.2.1 signature is recorded for it"
+            )
         return name, sigs.get(name)
 
     # every base from tensorrt_llm must be a recorded class, in the module the facts name
-    modules = {k.rsplit(".", 2)[-2]: v.get("module") for k, v in api.items()
-               if isinstance(v, dict) and v.get("module")}
+    modules = {k.rsplit(".", 2)[-2]: v.get("module") for k, v in api.items() if isinstance(v, dict) and v.get("module")}
     for cls in classes.values():
         for b in cls.bases:
             bname = _name(b)
@@ -212,8 +230,9 @@ def check_model_file(source: str) -> list[str]:
                     problems.append(f"class {cls.name}: base {bname} has no recorded 1.2.1 signature")
                 want = modules.get(bname)
                 if want and want.removesuffix(".py").replace("/", ".") != imported[bname]:
-                    problems.append(f"class {cls.name}: {bname} is imported from {imported[bname]}, 1.2.1 "
-                                    f"defines it in {want}")
+                    problems.append(
+                        f"class {cls.name}: {bname} is imported from {imported[bname]}, 1.2.1 defines it in {want}"
+                    )
         # an overridden forward must keep the recorded forward's parameters (callers pass them by name)
         for f in cls.body:
             if isinstance(f, ast.FunctionDef) and f.name == "forward":
@@ -222,15 +241,20 @@ def check_model_file(source: str) -> list[str]:
                     if rec is not None:
                         ours = [a.arg for a in f.args.args[1:]]
                         if ours != rec.pos:
-                            problems.append(f"{cls.name}.forward{tuple(ours)} differs from "
-                                            f"{_name(b)}.forward{tuple(rec.pos)}")
+                            problems.append(
+                                f"{cls.name}.forward{tuple(ours)} differs from {_name(b)}.forward{tuple(rec.pos)}"
+                            )
         for node in ast.walk(cls):
             if not isinstance(node, ast.Call):
                 continue
             fn = node.func
             # super().__init__(...) -> the base's constructor
-            if (isinstance(fn, ast.Attribute) and fn.attr == "__init__" and isinstance(fn.value, ast.Call)
-                    and _name(fn.value.func) == "super"):
+            if (
+                isinstance(fn, ast.Attribute)
+                and fn.attr == "__init__"
+                and isinstance(fn.value, ast.Call)
+                and _name(fn.value.func) == "super"
+            ):
                 base = _name(cls.bases[0]) if cls.bases else None
                 target, sig = ctor_sig(base) if base else (None, None)
                 if sig is not None:
@@ -252,7 +276,7 @@ def test_model_file_calls_and_subclasses_match_trtllm_1_2_1():
 
 def test_checker_catches_the_old_eagle_net_call():
     """The check is not vacuous: the 1.1-style EagleNet(config) call and a positional RmsNorm eps fail."""
-    bad = '''
+    bad = """
 from tensorrt_llm.layers import RmsNorm
 from tensorrt_llm.models.eagle.model import EagleNet
 
@@ -260,7 +284,7 @@ class MtpNet(EagleNet):
     def __init__(self, config):
         super().__init__(config)
         self.norm = RmsNorm(64, 1e-6, 1, 2, "float16", "extra")
-'''
+"""
     problems = check_model_file(bad)
     assert any("super().__init__ -> EagleNet: missing ['logits_dtype']" in p for p in problems), problems
     assert any("RmsNorm(...)" in p and "positional" in p for p in problems), problems
@@ -289,15 +313,28 @@ def test_build_api_calls_match_trtllm_1_2_1():
     api = facts()["python_api"]
     fields = {f[0] for f in api["tensorrt_llm.builder.BuildConfig"]["fields"]}
     tree = ast.parse(TRTLLM_BUILDER.read_text())
-    dicts = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(
-        isinstance(t, ast.Name) and t.id == "fields" for t in n.targets)]
+    dicts = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "fields" for t in n.targets)
+    ]
     keys = {k.value for d in dicts for k in d.value.keys}
-    keys |= {n.slice.value for n in ast.walk(tree) if isinstance(n, ast.Subscript)
-             and isinstance(n.value, ast.Name) and n.value.id == "fields" and isinstance(n.slice, ast.Constant)}
+    keys |= {
+        n.slice.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Subscript)
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "fields"
+        and isinstance(n.slice, ast.Constant)
+    }
     assert keys and keys <= fields, keys - fields  # BuildConfig.update_from_dict raises on an unknown key
     from_ckpt = Sig(api["tensorrt_llm.models.modeling_utils.PretrainedModel.from_checkpoint"]["signature"])
-    from_dict = Sig("(cls, " + next(m for m in api["tensorrt_llm.builder.BuildConfig"]["methods"]
-                                    if m.startswith("from_dict(")).split("(", 1)[1])
+    from_dict = Sig(
+        "(cls, "
+        + next(m for m in api["tensorrt_llm.builder.BuildConfig"]["methods"] if m.startswith("from_dict(")).split(
+            "(", 1
+        )[1]
+    )
     checked = 0
     for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)):
         sig = {"from_checkpoint": from_ckpt, "from_dict": from_dict}.get(call.func.attr)
@@ -312,8 +349,9 @@ def test_checkpoint_architectures_and_modes_are_known_to_1_2_1(built):
     """config.json's architecture must be a MODEL_MAP key (from_json_file looks it up) and the plan's
     speculative mode one trtllm-build / SpeculativeDecodingMode.from_arguments accepts."""
     model_map = set(facts()["python_api"]["tensorrt_llm.models.MODEL_MAP (relevant keys)"]) - {"commit_read"}
-    modes = set(facts()["python_api"]["tensorrt_llm.models.modeling_utils.SpeculativeDecodingMode"][
-        "from_arguments_strings"])
+    modes = set(
+        facts()["python_api"]["tensorrt_llm.models.modeling_utils.SpeculativeDecodingMode"]["from_arguments_strings"]
+    )
     for out in built.values():
         plan = json.loads((out / "plan.json").read_text())
         for e in plan["engines"]:

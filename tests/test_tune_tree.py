@@ -10,11 +10,17 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trtspec.load import load_spec_model
 from trtspec.cli import main
+from trtspec.load import load_spec_model
+from trtspec.train.tune import (
+    brute_force_best,
+    build_tree,
+    expected_length,
+    marginal_path_probs,
+    path_probs_from_ranks,
+    per_depth_topk,
+)
 from trtspec.tree import parse_choices
-from trtspec.train.tune import (brute_force_best, build_tree, expected_length, marginal_path_probs,
-                                path_probs_from_ranks, per_depth_topk)
 
 
 def test_known_optimal_trees_for_small_budgets():
@@ -66,8 +72,9 @@ def test_cli_tune_tree_writes_choices_the_runtime_takes(tmp_path):
     write_char_tokenizer(tdir, 128)
     target = load_hf_causal_lm(tdir)
     rng = random.Random(0)
-    rows = [{"messages": [{"role": "user", "content": "".join(rng.choice("abcdef ") for _ in range(6))}]}
-            for _ in range(10)]
+    rows = [
+        {"messages": [{"role": "user", "content": "".join(rng.choice("abcdef ") for _ in range(6))}]} for _ in range(10)
+    ]
     data = tmp_path / "calib.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     from trtspec.load import load_tokenizer
@@ -76,14 +83,41 @@ def test_cli_tune_tree_writes_choices_the_runtime_takes(tmp_path):
     tok = load_tokenizer(target)
     items = [encode_prompt(tok, s) for s in load_samples([str(data)])]
     build_cache(target, items, tmp_path / "c", gen_tokens=16, progress=False)
-    module, _ = train(target, HiddenCache(tmp_path / "c"),
-                      TrainConfig(kind="mtp-single", steps=20, batch_tokens=128, lr=3e-3, lm_dtype="float32"),
-                      progress=False)
+    module, _ = train(
+        target,
+        HiddenCache(tmp_path / "c"),
+        TrainConfig(kind="mtp-single", steps=20, batch_tokens=128, lr=3e-3, lm_dtype="float32"),
+        progress=False,
+    )
     heads = save_heads("mtp-single", module, target, tmp_path / "heads")
     out = tmp_path / "tree.json"
-    r = CliRunner().invoke(main, ["tune-tree", "-t", str(tdir), "-H", str(heads), "-d", str(data), "--nodes", "3,6",
-                                  "--calib-samples", "6", "--eval-samples", "3", "--max-new-tokens", "12",
-                                  "--gen-tokens", "16", "--depth", "3", "--out", str(out), "--write-heads"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "tune-tree",
+            "-t",
+            str(tdir),
+            "-H",
+            str(heads),
+            "-d",
+            str(data),
+            "--nodes",
+            "3,6",
+            "--calib-samples",
+            "6",
+            "--eval-samples",
+            "3",
+            "--max-new-tokens",
+            "12",
+            "--gen-tokens",
+            "16",
+            "--depth",
+            "3",
+            "--out",
+            str(out),
+            "--write-heads",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "expected acceptance length" in r.output and "measured" in r.output
     rep = json.loads(out.read_text())

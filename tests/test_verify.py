@@ -1,11 +1,10 @@
 """Greedy acceptance on hand-worked trees; rejection sampling preserves the target distribution."""
 
 import numpy as np
-import pytest
 import torch
 
-from trtspec.tree import build_tree
 from trtspec.runtime.verify import counter_uniform, process_logits, verify_greedy, verify_sampling
+from trtspec.tree import build_tree
 
 TREE = build_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])  # nodes as in test_tree
 
@@ -13,12 +12,14 @@ TREE = build_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])  # nodes as in 
 def test_greedy_hand_worked():
     # node tokens:   root=9, [0]=10, [1]=11, [0,0]=12, [0,1]=13, [1,0]=14, [0,0,0]=15
     drafts = torch.tensor([[9, 10, 11, 12, 13, 14, 15]] * 4)
-    argmax = torch.tensor([
-        [10, 13, 0, 0, 0, 0, 0],    # accept [0] then [0,1] (a leaf) -> bonus = argmax at node 4
-        [11, 0, 14, 0, 0, 7, 0],    # accept [1], [1,0] -> bonus 7
-        [5, 0, 0, 0, 0, 0, 0],      # reject everything -> bonus 5
-        [10, 12, 0, 15, 0, 0, 3],   # accept the whole deepest path -> bonus 3
-    ])
+    argmax = torch.tensor(
+        [
+            [10, 13, 0, 0, 0, 0, 0],  # accept [0] then [0,1] (a leaf) -> bonus = argmax at node 4
+            [11, 0, 14, 0, 0, 7, 0],  # accept [1], [1,0] -> bonus 7
+            [5, 0, 0, 0, 0, 0, 0],  # reject everything -> bonus 5
+            [10, 12, 0, 15, 0, 0, 3],  # accept the whole deepest path -> bonus 3
+        ]
+    )
     r = verify_greedy(TREE, drafts, argmax)
     assert r.accepted_len == [2, 2, 0, 3]
     assert r.tokens == [[10, 13, 0], [11, 14, 7], [5], [10, 12, 15, 3]]
@@ -40,8 +41,11 @@ def _chi2_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
     expected = probs[keep] * counts.sum()
     stat = float(((counts[keep] - expected) ** 2 / expected).sum())
     k = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(k / 2.0, dtype=torch.float64),
-                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(k / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)
+        )
+    )
 
 
 def test_rejection_sampling_is_lossless():

@@ -84,8 +84,11 @@ def configure_threads(threads: int | None = None) -> tuple[int, str]:
     return torch.get_num_threads(), why
 
 
-def setup_compute(requested: str | torch.dtype | None = "auto", device: str | torch.device = "cpu",
-                  echo: Callable[[str], object] | None = print) -> DtypeChoice:
+def setup_compute(
+    requested: str | torch.dtype | None = "auto",
+    device: str | torch.device = "cpu",
+    echo: Callable[[str], object] | None = print,
+) -> DtypeChoice:
     """What every computing command does first: threads from the usable cores, the dtype from the
     ``auto`` policy (or the explicit one), and one line saying both, e.g.
     ``dtype: float32 (auto: this CPU has no native bfloat16: AVX2); threads: 2 (2 in CPU affinity)``."""

@@ -29,14 +29,23 @@ import torch
 
 #: name -> torch.dtype, with the short aliases users type. The only such table in trtspec.
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float64": torch.float64, "fp64": torch.float64,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
 }
 #: torch.dtype -> canonical name (what configs, metadata and messages write).
-DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.float16: "float16",
-                                       torch.bfloat16: "bfloat16", torch.float64: "float64"}
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float64: "float64",
+}
 #: the compute dtypes commands accept, ``auto`` first (click.Choice lists).
 COMPUTE_DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 #: environment override of the CPU probe: 1 = treat the CPU as having native bfloat16, 0 = as not.

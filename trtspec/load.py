@@ -18,8 +18,13 @@ from trtspec.tree import DEFAULT_CHOICES, normalize_choices, parse_choices
 __all__ = ["load_drafter", "load_spec_model", "load_tokenizer", "resolve_tree"]
 
 
-def load_drafter(path: str | Path, target: TargetSpec, heads_format: str | None = None,
-                 allow_pickle: bool = False, draft_vocab: int | None = None) -> DrafterSpec:
+def load_drafter(
+    path: str | Path,
+    target: TargetSpec,
+    heads_format: str | None = None,
+    allow_pickle: bool = False,
+    draft_vocab: int | None = None,
+) -> DrafterSpec:
     """The heads at ``path`` in any format; ``draft_vocab``: None = the heads' own draft vocabulary if
     they carry one, 0 = the full vocabulary, N = its N most frequent tokens."""
     path = Path(path)
@@ -34,8 +39,11 @@ def load_drafter(path: str | Path, target: TargetSpec, heads_format: str | None 
     drafter = kind.load(path, target, allow_pickle)
     if kind.own_draft_vocab:
         if draft_vocab or (draft_vocab is None and draft_vocab_path(drafter.path).is_file()):
-            raise CheckpointError(f"{kind.name} heads carry their own draft vocabulary; remove {DRAFT_VOCAB_FILE}",
-                                  drafter.path, "or pass --draft-vocab 0")
+            raise CheckpointError(
+                f"{kind.name} heads carry their own draft vocabulary; remove {DRAFT_VOCAB_FILE}",
+                drafter.path,
+                "or pass --draft-vocab 0",
+            )
         return drafter
     drafter.draft_vocab = load_draft_vocab(drafter.path, target.arch.vocab_size, draft_vocab)
     return drafter
@@ -58,9 +66,17 @@ def resolve_tree(tree, drafter: DrafterSpec | None) -> TreeSpec:
     return TreeSpec(choices)
 
 
-def load_spec_model(target: str | Path, heads: str | Path | None = None, heads_format: str | None = None,
-                    tree=None, dtype: str | torch.dtype | None = None, tp_size: int = 1, pp_size: int = 1,
-                    allow_pickle: bool = False, draft_vocab: int | None = None) -> SpecModel:
+def load_spec_model(
+    target: str | Path,
+    heads: str | Path | None = None,
+    heads_format: str | None = None,
+    tree=None,
+    dtype: str | torch.dtype | None = None,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    allow_pickle: bool = False,
+    draft_vocab: int | None = None,
+) -> SpecModel:
     """Load + validate everything once; the result is what every later stage takes."""
     tgt = load_hf_causal_lm(target, allow_pickle=allow_pickle)
     drafter = load_drafter(heads, tgt, heads_format, allow_pickle, draft_vocab) if heads is not None else None
@@ -71,8 +87,11 @@ def load_spec_model(target: str | Path, heads: str | Path | None = None, heads_f
             raise UsageError(str(exc)) from None
     if dtype is None:
         if drafter is not None and drafter.dtype != tgt.dtype:
-            raise CheckpointError(f"dtype mismatch: heads are {drafter.dtype}, target is {tgt.dtype}", drafter.path,
-                                  "pass --dtype to run both in one dtype")
+            raise CheckpointError(
+                f"dtype mismatch: heads are {drafter.dtype}, target is {tgt.dtype}",
+                drafter.path,
+                "pass --dtype to run both in one dtype",
+            )
         dtype = tgt.dtype
     if tp_size < 1 or pp_size < 1:
         raise UsageError("--tp-size and --pp-size must be >= 1")

@@ -50,14 +50,22 @@ class LlamaArch:
     def to_hf_dict(self) -> dict[str, Any]:
         """A Hugging Face style config dict (what convert/ and the EAGLE eagle_net_config need)."""
         return {
-            "model_type": self.model_type, "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_hidden_layers,
-            "num_attention_heads": self.num_attention_heads, "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim, "vocab_size": self.vocab_size, "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta, "rope_scaling": self.rope_scaling,
+            "model_type": self.model_type,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
             "max_position_embeddings": self.max_position_embeddings,
-            "tie_word_embeddings": self.tie_word_embeddings, "attention_bias": self.attention_bias,
-            "mlp_bias": self.mlp_bias, "hidden_act": self.hidden_act,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "mlp_bias": self.mlp_bias,
+            "hidden_act": self.hidden_act,
         }
 
 
@@ -126,6 +134,8 @@ class SpecModel:
         d = self.drafter.kind if self.drafter else "none"
         if self.drafter is not None and self.drafter.draft_vocab is not None:
             d += f" (draft vocab {self.drafter.draft_vocab.numel()})"
-        return (f"target {a.model_type} {a.num_hidden_layers}L h{a.hidden_size} v{a.vocab_size} "
-                f"({self.target.path}), drafter {d}, tree {self.tree.num_nodes} nodes depth {self.tree.depth}, "
-                f"dtype {str(self.dtype).removeprefix('torch.')}, tp{self.parallel.tp_size} pp{self.parallel.pp_size}")
+        return (
+            f"target {a.model_type} {a.num_hidden_layers}L h{a.hidden_size} v{a.vocab_size} "
+            f"({self.target.path}), drafter {d}, tree {self.tree.num_nodes} nodes depth {self.tree.depth}, "
+            f"dtype {str(self.dtype).removeprefix('torch.')}, tp{self.parallel.tp_size} pp{self.parallel.pp_size}"
+        )

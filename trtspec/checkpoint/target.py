@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
-from trtspec.errors import CheckpointError
 from trtspec.checkpoint.heads.draft_vocab import DRAFT_VOCAB_FILE
 from trtspec.checkpoint.tensors import TensorStore
-from trtspec.dtypes import DTYPE_NAMES, DTYPES, DtypeError, parse_dtype as parse_any_dtype  # noqa: F401 (DTYPES re-exported)
+from trtspec.dtypes import DTYPE_NAMES, DTYPES, DtypeError  # noqa: F401 (DTYPES re-exported)
+from trtspec.dtypes import parse_dtype as parse_any_dtype
+from trtspec.errors import CheckpointError
 from trtspec.spec import LlamaArch, TargetSpec
 
 #: model_type -> extra architecture flags. Anything else is refused with a clear message.
@@ -49,7 +50,9 @@ def parse_dtype(name: str | None, where: Path | str) -> torch.dtype:
     try:
         return parse_any_dtype(name)
     except DtypeError:
-        raise CheckpointError(f"unsupported dtype {name!r}", where, f"use one of {', '.join(DTYPE_NAMES.values())}") from None
+        raise CheckpointError(
+            f"unsupported dtype {name!r}", where, f"use one of {', '.join(DTYPE_NAMES.values())}"
+        ) from None
 
 
 def arch_from_config(cfg: dict[str, Any], path: Path, allow_types: bool = True) -> LlamaArch:
@@ -57,8 +60,11 @@ def arch_from_config(cfg: dict[str, Any], path: Path, allow_types: bool = True) 
     model_type = cfg.get("model_type", "llama")
     if allow_types and model_type not in SUPPORTED_MODEL_TYPES:
         archs = cfg.get("architectures")
-        raise CheckpointError(f"unknown architecture model_type={model_type!r} ({archs})", path,
-                              f"trtspec supports {', '.join(SUPPORTED_MODEL_TYPES)}")
+        raise CheckpointError(
+            f"unknown architecture model_type={model_type!r} ({archs})",
+            path,
+            f"trtspec supports {', '.join(SUPPORTED_MODEL_TYPES)}",
+        )
     flags = dict(SUPPORTED_MODEL_TYPES.get(model_type, {}))
     required = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     missing = [k for k in required if k not in cfg]
@@ -68,8 +74,9 @@ def arch_from_config(cfg: dict[str, Any], path: Path, allow_types: bool = True) 
     if isinstance(rope_scaling, dict):
         rtype = rope_scaling.get("rope_type", rope_scaling.get("type", "default"))
         if rtype not in SUPPORTED_ROPE_TYPES:
-            raise CheckpointError(f"unsupported rope_scaling type {rtype!r}", path,
-                                  f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+            raise CheckpointError(
+                f"unsupported rope_scaling type {rtype!r}", path, f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
     rope_theta = cfg.get("rope_theta")
     if rope_theta is None and isinstance(cfg.get("rope_parameters"), dict):  # transformers 5 layout
         rope_theta = cfg["rope_parameters"].get("rope_theta")
@@ -116,11 +123,17 @@ def find_safetensors(directory: Path, allow_pickle: bool = False) -> tuple[list[
         for name in sorted(set(weight_map.values())):
             shard = (directory / name).resolve()
             if root not in shard.parents:
-                raise CheckpointError(f"index points outside the checkpoint directory: {name!r}", index,
-                                      "shard names must be plain file names inside the directory")
+                raise CheckpointError(
+                    f"index points outside the checkpoint directory: {name!r}",
+                    index,
+                    "shard names must be plain file names inside the directory",
+                )
             if not shard.is_file():
-                raise CheckpointError(f"shard {name!r} listed in the index is missing", directory / name,
-                                      "download every shard the index lists")
+                raise CheckpointError(
+                    f"shard {name!r} listed in the index is missing",
+                    directory / name,
+                    "download every shard the index lists",
+                )
             files.append(shard)
         return files, {}
     files = sorted(f for f in directory.glob("*.safetensors") if f.name != DRAFT_VOCAB_FILE)  # a side file, not weights
@@ -128,12 +141,16 @@ def find_safetensors(directory: Path, allow_pickle: bool = False) -> tuple[list[
         return files, {}
     pickles = sorted(p for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
     if pickles and not allow_pickle:
-        raise CheckpointError(f"only pickle weights found ({pickles[0].name}); pickles can run code", pickles[0],
-                              "convert to safetensors, or pass --allow-pickle to load with weights_only=True")
+        raise CheckpointError(
+            f"only pickle weights found ({pickles[0].name}); pickles can run code",
+            pickles[0],
+            "convert to safetensors, or pass --allow-pickle to load with weights_only=True",
+        )
     if pickles:
         return [], load_pickle_tensors(pickles)
-    raise CheckpointError("no *.safetensors weights found", directory,
-                          "point --target at a Hugging Face model directory")
+    raise CheckpointError(
+        "no *.safetensors weights found", directory, "point --target at a Hugging Face model directory"
+    )
 
 
 def load_pickle_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
@@ -143,8 +160,11 @@ def load_pickle_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
         try:
             obj = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
         except Exception as exc:  # torch raises many types for bad pickles
-            raise CheckpointError(f"cannot load pickle with weights_only=True ({exc.__class__.__name__})", f,
-                                  "the file is corrupt or holds non-tensor objects") from None
+            raise CheckpointError(
+                f"cannot load pickle with weights_only=True ({exc.__class__.__name__})",
+                f,
+                "the file is corrupt or holds non-tensor objects",
+            ) from None
         if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
             raise CheckpointError("pickle is not a flat state_dict of tensors", f)
         out.update(obj)
@@ -167,16 +187,27 @@ def expected_shapes(arch: LlamaArch, prefix: str = "model.") -> dict[str, tuple[
     out = {f"{prefix}embed_tokens.weight": (arch.vocab_size, H), f"{prefix}norm.weight": (H,)}
     for i in range(arch.num_hidden_layers):
         p = f"{prefix}layers.{i}."
-        out.update({
-            p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
-            p + "self_attn.q_proj.weight": (q, H), p + "self_attn.k_proj.weight": (kv, H),
-            p + "self_attn.v_proj.weight": (kv, H), p + "self_attn.o_proj.weight": (H, q),
-            p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
-            p + "mlp.down_proj.weight": (H, I),
-        })
+        out.update(
+            {
+                p + "input_layernorm.weight": (H,),
+                p + "post_attention_layernorm.weight": (H,),
+                p + "self_attn.q_proj.weight": (q, H),
+                p + "self_attn.k_proj.weight": (kv, H),
+                p + "self_attn.v_proj.weight": (kv, H),
+                p + "self_attn.o_proj.weight": (H, q),
+                p + "mlp.gate_proj.weight": (I, H),
+                p + "mlp.up_proj.weight": (I, H),
+                p + "mlp.down_proj.weight": (H, I),
+            }
+        )
         if arch.attention_bias:
-            out.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                        p + "self_attn.v_proj.bias": (kv,)})
+            out.update(
+                {
+                    p + "self_attn.q_proj.bias": (q,),
+                    p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.bias": (kv,),
+                }
+            )
         if arch.qk_norm:
             out.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
     return out
@@ -188,8 +219,11 @@ def check_shapes(tensors: TensorStore, shapes: dict[str, tuple[int, ...]], where
             raise CheckpointError(f"missing tensor {name!r}", where, "the checkpoint is incomplete")
         got = tensors.shape(name)
         if got != shape:
-            raise CheckpointError(f"tensor {name!r} has shape {list(got)}, config implies {list(shape)}", where,
-                                  "config.json and weights disagree")
+            raise CheckpointError(
+                f"tensor {name!r} has shape {list(got)}, config implies {list(shape)}",
+                where,
+                "config.json and weights disagree",
+            )
 
 
 def load_hf_causal_lm(path: str | Path, allow_pickle: bool = False, role: str = "target") -> TargetSpec:
@@ -208,34 +242,58 @@ def load_hf_causal_lm(path: str | Path, allow_pickle: bool = False, role: str = 
     check_shapes(tensors, shapes, directory)
     if "lm_head.weight" in tensors:
         if tensors.shape("lm_head.weight") != (arch.vocab_size, arch.hidden_size):
-            raise CheckpointError(f"lm_head.weight has shape {list(tensors.shape('lm_head.weight'))}", directory,
-                                  f"expected [{arch.vocab_size}, {arch.hidden_size}]")
+            raise CheckpointError(
+                f"lm_head.weight has shape {list(tensors.shape('lm_head.weight'))}",
+                directory,
+                f"expected [{arch.vocab_size}, {arch.hidden_size}]",
+            )
     elif not arch.tie_word_embeddings:
-        raise CheckpointError("no lm_head.weight and tie_word_embeddings is false", directory,
-                              "set tie_word_embeddings: true in config.json or add lm_head.weight")
+        raise CheckpointError(
+            "no lm_head.weight and tie_word_embeddings is false",
+            directory,
+            "set tie_word_embeddings: true in config.json or add lm_head.weight",
+        )
     dtypes = {tensors[n].dtype for n in shapes}
     if len(dtypes) > 1:
-        raise CheckpointError(f"mixed tensor dtypes {sorted(str(d) for d in dtypes)}", directory,
-                              "re-export the checkpoint in one dtype")
+        raise CheckpointError(
+            f"mixed tensor dtypes {sorted(str(d) for d in dtypes)}", directory, "re-export the checkpoint in one dtype"
+        )
     stored = dtypes.pop()
     if not stored.is_floating_point:
-        raise CheckpointError(f"weights are {stored}, not floating point (quantized checkpoints are not supported)",
-                              directory, "use an fp32/fp16/bf16 checkpoint")
-    tok = directory if any((directory / n).exists() for n in ("tokenizer.json", "tokenizer.model",
-                                                                 "tokenizer_config.json")) else None
-    return TargetSpec(path=directory, arch=arch, tensors=tensors, dtype=stored, tokenizer_path=tok,
-                      config=cfg, fingerprint=fingerprint(arch, tensors))
+        raise CheckpointError(
+            f"weights are {stored}, not floating point (quantized checkpoints are not supported)",
+            directory,
+            "use an fp32/fp16/bf16 checkpoint",
+        )
+    tok = (
+        directory
+        if any((directory / n).exists() for n in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
+        else None
+    )
+    return TargetSpec(
+        path=directory,
+        arch=arch,
+        tensors=tensors,
+        dtype=stored,
+        tokenizer_path=tok,
+        config=cfg,
+        fingerprint=fingerprint(arch, tensors),
+    )
 
 
 def load_tokenizer(target: TargetSpec):
     """The target's tokenizer (transformers AutoTokenizer), or a clear error when the dir has none."""
     if target.tokenizer_path is None:
-        raise CheckpointError("no tokenizer files (tokenizer.json / tokenizer.model)", target.path,
-                              "copy the tokenizer into the target directory or pass token ids")
+        raise CheckpointError(
+            "no tokenizer files (tokenizer.json / tokenizer.model)",
+            target.path,
+            "copy the tokenizer into the target directory or pass token ids",
+        )
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(str(target.tokenizer_path))
     except Exception as exc:  # transformers raises many types for broken tokenizer files
-        raise CheckpointError(f"cannot load tokenizer ({exc.__class__.__name__}: {str(exc)[:120]})",
-                              target.tokenizer_path) from None
+        raise CheckpointError(
+            f"cannot load tokenizer ({exc.__class__.__name__}: {str(exc)[:120]})", target.tokenizer_path
+        ) from None

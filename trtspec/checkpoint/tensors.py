@@ -18,12 +18,33 @@ from safetensors import safe_open
 from trtspec.errors import CheckpointError
 
 _ST_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
 }
-_ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-                "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+_ST_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -44,18 +65,25 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
         with open(path, "rb") as f:
             raw = f.read(8)
             if len(raw) < 8:
-                raise CheckpointError("file is truncated (no safetensors header)", path,
-                                      "re-download or re-export the file")
+                raise CheckpointError(
+                    "file is truncated (no safetensors header)", path, "re-download or re-export the file"
+                )
             (hlen,) = struct.unpack("<Q", raw)
             if hlen <= 0 or 8 + hlen > size or hlen > 100_000_000:
-                raise CheckpointError("corrupt safetensors header length", path,
-                                      "the file is truncated or not safetensors; re-download it")
+                raise CheckpointError(
+                    "corrupt safetensors header length",
+                    path,
+                    "the file is truncated or not safetensors; re-download it",
+                )
             header = json.loads(f.read(hlen))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         if isinstance(exc, OSError) and not path.exists():
             raise CheckpointError("file not found", path) from None
-        raise CheckpointError(f"unreadable safetensors header ({exc.__class__.__name__})", path,
-                              "the file is corrupt; re-download or re-export it") from None
+        raise CheckpointError(
+            f"unreadable safetensors header ({exc.__class__.__name__})",
+            path,
+            "the file is corrupt; re-download or re-export it",
+        ) from None
     if not isinstance(header, dict):
         raise CheckpointError("corrupt safetensors header", path, "re-download the file")
     data_len = size - 8 - hlen
@@ -68,16 +96,16 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
             shape = tuple(int(s) for s in meta["shape"])
             start, end = (int(x) for x in meta["data_offsets"])
         except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"corrupt header entry for tensor {key!r}", path,
-                                  "re-download the file") from None
+            raise CheckpointError(f"corrupt header entry for tensor {key!r}", path, "re-download the file") from None
         if dt not in _ST_DTYPES:
             raise CheckpointError(f"tensor {key!r} has unsupported dtype {dt}", path)
         n = 1
         for s in shape:
             n *= s
         if end - start != n * _ST_ITEMSIZE[dt] or end > data_len or start < 0:
-            raise CheckpointError(f"tensor {key!r} lies outside the file (truncated download?)", path,
-                                  "re-download or re-export the file")
+            raise CheckpointError(
+                f"tensor {key!r} lies outside the file (truncated download?)", path, "re-download or re-export the file"
+            )
         out[key] = TensorInfo(path, key, shape, _ST_DTYPES[dt], end - start)
     return out
 
@@ -96,18 +124,21 @@ class TensorStore(Mapping[str, TensorInfo]):
         self._handles: dict[Path, object] = {}
 
     @classmethod
-    def from_files(cls, files: list[Path]) -> "TensorStore":
+    def from_files(cls, files: list[Path]) -> TensorStore:
         infos: dict[str, TensorInfo] = {}
         for f in files:
             for key, info in read_safetensors_header(f).items():
                 if key in infos:
-                    raise CheckpointError(f"tensor {key!r} appears in two shards ({infos[key].file.name})",
-                                          f, "fix model.safetensors.index.json or remove the duplicate")
+                    raise CheckpointError(
+                        f"tensor {key!r} appears in two shards ({infos[key].file.name})",
+                        f,
+                        "fix model.safetensors.index.json or remove the duplicate",
+                    )
                 infos[key] = info
         return cls(infos)
 
     @classmethod
-    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "TensorStore":
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> TensorStore:
         return cls({}, tensors)
 
     # Mapping protocol --------------------------------------------------------------------------
@@ -160,7 +191,7 @@ class TensorStore(Mapping[str, TensorInfo]):
             self._handles[info.file] = handle
         return handle.get_slice(info.key)[:n]  # type: ignore[attr-defined]
 
-    def renamed(self, mapping: dict[str, str]) -> "TensorStore":
+    def renamed(self, mapping: dict[str, str]) -> TensorStore:
         """A view whose names are ``mapping`` keys, each pointing at the stored tensor ``mapping[k]``."""
         infos = {new: self._infos[old] for new, old in mapping.items() if old in self._infos}
         extra = {new: self._extra[old] for new, old in mapping.items() if old in self._extra}

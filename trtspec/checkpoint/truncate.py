@@ -15,8 +15,14 @@ from trtspec.errors import UsageError
 from trtspec.fsutil import atomic_directory
 from trtspec.spec import TargetSpec
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-                   "generation_config.json", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+)
 
 
 def write_truncated_draft(target: TargetSpec, num_layers: int, out: str | Path) -> Path:

@@ -16,12 +16,12 @@ from trtspec.errors import TrtspecError
 
 COMMAND_MODULES = (
     "trtspec.cli.generate",  # generate, demo, make-draft
-    "trtspec.cli.train",     # train-heads, tune-tree
-    "trtspec.cli.convert",   # convert, build
-    "trtspec.cli.plugins",   # plugins build, plugins export-onnx
-    "trtspec.cli.triton",    # triton emit, serve
-    "trtspec.cli.client",    # client stream, client bench
-    "trtspec.cli.export",    # export
+    "trtspec.cli.train",  # train-heads, tune-tree
+    "trtspec.cli.convert",  # convert, build
+    "trtspec.cli.plugins",  # plugins build, plugins export-onnx
+    "trtspec.cli.triton",  # triton emit, serve
+    "trtspec.cli.client",  # client stream, client bench
+    "trtspec.cli.export",  # export
 )
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from trtspec.errors import UsageError
 from trtspec.client.common import GenerateParams
+from trtspec.errors import UsageError
 
 
 def _params(max_tokens, temperature, top_k, top_p, seed) -> GenerateParams:
@@ -34,8 +34,12 @@ def _common(f):
     f = click.option("--top-k", type=int, default=None, help="Top-k sampling (1 = greedy).")(f)
     f = click.option("--temperature", type=float, default=None, help="0 or unset = greedy.")(f)
     f = click.option("--max-tokens", type=int, default=64, show_default=True, help="New tokens at most.")(f)
-    f = click.option("--model", default="ensemble", show_default=True,
-                     help="ensemble, or tensorrt_llm_bls (streams text decoded over all tokens so far).")(f)
+    f = click.option(
+        "--model",
+        default="ensemble",
+        show_default=True,
+        help="ensemble, or tensorrt_llm_bls (streams text decoded over all tokens so far).",
+    )(f)
     f = click.option("--url", default=None, help="host:port (default 127.0.0.1:8000 http, :8001 grpc).")(f)
     f = click.option("--protocol", type=click.Choice(["http", "grpc"]), default="http", show_default=True)(f)
     return f
@@ -48,8 +52,10 @@ def _print_metrics(result, client) -> None:
     mal = result.mean_acceptance_length(client.max_draft_len())
     parts = [f"{result.num_output_tokens} tokens in {result.latency_s:.2f} s", f"TTFT {1e3 * result.ttft_s:.0f} ms"]
     if "acceptance_rate" in m:
-        parts.append(f"acceptance rate {m['acceptance_rate']:.3f} "
-                     f"({m.get('total_accepted_draft_tokens', 0)}/{m.get('total_draft_tokens', 0)} drafts)")
+        parts.append(
+            f"acceptance rate {m['acceptance_rate']:.3f} "
+            f"({m.get('total_accepted_draft_tokens', 0)}/{m.get('total_draft_tokens', 0)} drafts)"
+        )
     if mal is not None:
         parts.append(f"mean acceptance length {mal:.2f}")
     click.echo("[" + ", ".join(parts) + "]", err=True)
@@ -95,17 +101,46 @@ def stream_cmd(text, protocol, url, model, max_tokens, temperature, top_k, top_p
 
 @client_group.command("bench")
 @_common
-@click.option("--concurrency", "-c", type=int, multiple=True, default=(1,), show_default=True,
-              help="Concurrent streams; repeat for several runs (-c 1 -c 8).")
-@click.option("--requests", "-n", "num_requests", type=int, default=16, show_default=True,
-              help="Requests per concurrency level.")
-@click.option("--prompts", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="Text file, one prompt per line (default: a few built-in prompts).")
+@click.option(
+    "--concurrency",
+    "-c",
+    type=int,
+    multiple=True,
+    default=(1,),
+    show_default=True,
+    help="Concurrent streams; repeat for several runs (-c 1 -c 8).",
+)
+@click.option(
+    "--requests", "-n", "num_requests", type=int, default=16, show_default=True, help="Requests per concurrency level."
+)
+@click.option(
+    "--prompts",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Text file, one prompt per line (default: a few built-in prompts).",
+)
 @click.option("--warmup", type=int, default=1, show_default=True)
-@click.option("--json-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write the summaries as JSON.")
-def bench_cmd(protocol, url, model, max_tokens, temperature, top_k, top_p, seed, concurrency, num_requests,
-              prompts, warmup, json_out) -> None:
+@click.option(
+    "--json-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also write the summaries as JSON.",
+)
+def bench_cmd(
+    protocol,
+    url,
+    model,
+    max_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    concurrency,
+    num_requests,
+    prompts,
+    warmup,
+    json_out,
+) -> None:
     """Closed-loop load: requests/s, TTFT and ITL p50/p99, mean acceptance length per concurrency."""
     from trtspec.client.bench import format_summary, run_bench
 
@@ -119,8 +154,16 @@ def bench_cmd(protocol, url, model, max_tokens, temperature, top_k, top_p, seed,
     url = url or ("127.0.0.1:8001" if protocol == "grpc" else "127.0.0.1:8000")
     summaries = []
     for i, c in enumerate(concurrency):
-        res = run_bench(url, protocol, model, texts, num_requests, c,
-                        _params(max_tokens, temperature, top_k, top_p, seed), warmup if i == 0 else 0)
+        res = run_bench(
+            url,
+            protocol,
+            model,
+            texts,
+            num_requests,
+            c,
+            _params(max_tokens, temperature, top_k, top_p, seed),
+            warmup if i == 0 else 0,
+        )
         s = res.summary()
         summaries.append(s)
         click.echo(format_summary(s))

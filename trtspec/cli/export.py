@@ -19,13 +19,27 @@ FORMATS = ("onnx",)
 
 @click.command("export")
 @target_option
-@click.option("--heads", "-H", required=True, type=click.Path(exists=True, path_type=Path),
-              help="The drafter to export (any registered kind).")
-@click.option("--heads-format", type=click.Choice(registry.names()), default=None,
-              help="Drafter kind; detected from the files when omitted.")
-@click.option("--format", "fmt", required=True, type=click.Choice(FORMATS),
-              help="onnx: the heads and the verify step as an ONNX graph whose fused nodes are trtspec's TensorRT "
-                   "plugins (trtexec --onnx=OUT --dynamicPlugins=libtrtspec_plugins.so).")
+@click.option(
+    "--heads",
+    "-H",
+    required=True,
+    type=click.Path(exists=True, path_type=Path),
+    help="The drafter to export (any registered kind).",
+)
+@click.option(
+    "--heads-format",
+    type=click.Choice(registry.names()),
+    default=None,
+    help="Drafter kind; detected from the files when omitted.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    required=True,
+    type=click.Choice(FORMATS),
+    help="onnx: the heads and the verify step as an ONNX graph whose fused nodes are trtspec's TensorRT "
+    "plugins (trtexec --onnx=OUT --dynamicPlugins=libtrtspec_plugins.so).",
+)
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path), help="File to write.")
 @tree_option
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True)

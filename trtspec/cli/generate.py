@@ -15,9 +15,11 @@ from trtspec.dtypes import COMPUTE_DTYPES
 from trtspec.errors import UsageError
 from trtspec.load import load_spec_model, load_tokenizer
 
-DTYPE_HELP = ("Run dtype. auto: bfloat16 (pre-packed oneDNN kernels) where the CPU has native bfloat16 "
-              "(AVX512-BF16/AMX), float32 on other CPUs (bfloat16 is several times slower there); "
-              "bfloat16/float16 on GPUs. An explicit dtype is obeyed.")
+DTYPE_HELP = (
+    "Run dtype. auto: bfloat16 (pre-packed oneDNN kernels) where the CPU has native bfloat16 "
+    "(AVX512-BF16/AMX), float32 on other CPUs (bfloat16 is several times slower there); "
+    "bfloat16/float16 on GPUs. An explicit dtype is obeyed."
+)
 
 
 def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
@@ -41,13 +43,34 @@ def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
 @click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True))
 @click.option("--seed", default=0, show_default=True)
 @click.option("--compare", is_flag=True, help="Also run plain decoding and report the speedup.")
-@click.option("--adaptive/--fixed-tree", default=True, show_default=True,
-              help="Adaptive: each step's tree (down to none) is the one with the best measured tokens/s on this "
-                   "machine and text, so speculation never runs slower than plain. Fixed: always the whole tree.")
+@click.option(
+    "--adaptive/--fixed-tree",
+    default=True,
+    show_default=True,
+    help="Adaptive: each step's tree (down to none) is the one with the best measured tokens/s on this "
+    "machine and text, so speculation never runs slower than plain. Fixed: always the whole tree.",
+)
 @draft_vocab_option
 @click.option("--json", "as_json", is_flag=True, help="Print metrics as JSON.")
-def generate_cmd(target, heads, heads_format, allow_pickle, tree, dtype, prompt, chat, max_tokens,
-                 temperature, top_k, top_p, seed, compare, adaptive, draft_vocab, as_json):
+def generate_cmd(
+    target,
+    heads,
+    heads_format,
+    allow_pickle,
+    tree,
+    dtype,
+    prompt,
+    chat,
+    max_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seed,
+    compare,
+    adaptive,
+    draft_vocab,
+    as_json,
+):
     """Generate with the PyTorch reference runtime (CPU) and print the text and acceptance metrics.
 
     Greedy speculative output is token-identical to plain greedy decoding; with --temperature > 0 the
@@ -59,15 +82,29 @@ def generate_cmd(target, heads, heads_format, allow_pickle, tree, dtype, prompt,
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
     from trtspec.runtime.report import metrics_lines
 
-    spec = load_spec_model(target, heads, heads_format, tree, resolve_dtype(dtype).dtype, allow_pickle=allow_pickle,
-                           draft_vocab=draft_vocab)
+    spec = load_spec_model(
+        target,
+        heads,
+        heads_format,
+        tree,
+        resolve_dtype(dtype).dtype,
+        allow_pickle=allow_pickle,
+        draft_vocab=draft_vocab,
+    )
     tok = load_tokenizer(spec.target)
     prompts = [encode_prompt(tok, p, chat) for p in prompt]
     choice = setup_compute(dtype, echo=lambda line: click.echo(line, err=True))  # inputs are valid: announce
     gen = SpeculativeGenerator(spec, dtype=choice.dtype)
     eos = spec.target.arch.eos_token_id
-    cfg = GenerationConfig(max_new_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           seed=seed, eos_token_id=eos, adaptive=adaptive)
+    cfg = GenerationConfig(
+        max_new_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        eos_token_id=eos,
+        adaptive=adaptive,
+    )
     click.echo(spec.describe(), err=True)
     res = gen.generate(prompts, cfg)
     for p, toks in zip(prompt, res.tokens):
@@ -106,13 +143,27 @@ def make_draft_cmd(target, layers, out):
 
 
 @click.command("demo")
-@click.option("--out", "-o", type=click.Path(path_type=Path), default=None,
-              help="Where to write the demo models (default: a temporary directory).")
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where to write the demo models (default: a temporary directory).",
+)
 @max_tokens_option(48)
-@click.option("--train/--no-train", default=True, show_default=True,
-              help="Self-distil every trainable kind's heads for a few seconds first (else all heads are random).")
-@click.option("--dtype", type=click.Choice(COMPUTE_DTYPES), default="auto", show_default=True,
-              help="Dtype of the reference runtime (auto: bfloat16 where the CPU has native bfloat16, else float32).")
+@click.option(
+    "--train/--no-train",
+    default=True,
+    show_default=True,
+    help="Self-distil every trainable kind's heads for a few seconds first (else all heads are random).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(COMPUTE_DTYPES),
+    default="auto",
+    show_default=True,
+    help="Dtype of the reference runtime (auto: bfloat16 where the CPU has native bfloat16, else float32).",
+)
 def demo_cmd(out, max_tokens, train, dtype):
     """The embedded demo: tiny target + heads of every kind, reference runtime, then `trtspec build`.
 

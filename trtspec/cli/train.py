@@ -36,58 +36,155 @@ def _kinds(pred) -> str:
 @click.command("train-heads")
 @target_option
 @click.option("--kind", "-k", required=True, type=click.Choice(registry.trainable()), help="Head kind to train.")
-@click.option("--data", "-d", multiple=True, required=True,
-              help="Training data: .jsonl ({text} / {messages} / {conversations}), .json, .txt, or 'chitchat[:N]'. "
-                   "Repeatable.")
+@click.option(
+    "--data",
+    "-d",
+    multiple=True,
+    required=True,
+    help="Training data: .jsonl ({text} / {messages} / {conversations}), .json, .txt, or 'chitchat[:N]'. Repeatable.",
+)
 @click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Output heads directory.")
-@click.option("--num-heads", default=3, show_default=True, type=click.IntRange(1, 16),
-              help=f"Heads (tokens ahead) for {_kinds(lambda r: r.uses_num_heads)}.")
-@click.option("--rmsnorm/--no-rmsnorm", default=True, show_default=True,
-              help=f"Keep the RMSNorm layers in {_kinds(lambda r: r.uses_rmsnorm_switch)} heads (the ablation switch).")
-@click.option("--cache", "cache_dir", type=click.Path(path_type=Path), default=None,
-              help="Self-distillation cache directory (default: OUT.cache). Reused and resumed across runs.")
-@click.option("--distill", type=click.Choice(["generate", "teacher"]), default="generate", show_default=True,
-              help="generate: the target writes the replies it is trained on; teacher: target labels on the data's tokens.")
+@click.option(
+    "--num-heads",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 16),
+    help=f"Heads (tokens ahead) for {_kinds(lambda r: r.uses_num_heads)}.",
+)
+@click.option(
+    "--rmsnorm/--no-rmsnorm",
+    default=True,
+    show_default=True,
+    help=f"Keep the RMSNorm layers in {_kinds(lambda r: r.uses_rmsnorm_switch)} heads (the ablation switch).",
+)
+@click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Self-distillation cache directory (default: OUT.cache). Reused and resumed across runs.",
+)
+@click.option(
+    "--distill",
+    type=click.Choice(["generate", "teacher"]),
+    default="generate",
+    show_default=True,
+    help="generate: the target writes the replies it is trained on; teacher: target labels on the data's tokens.",
+)
 @click.option("--gen-tokens", default=128, show_default=True, type=click.IntRange(2), help="Reply length (generate).")
-@click.option("--topk", default=0, show_default=True, type=click.IntRange(0, 64),
-              help="Also cache the target's top-k logits (soft labels, see --soft-weight).")
-@click.option("--chat/--no-chat", default=True, show_default=True,
-              help="Render data with the tokenizer's chat template, as the server will.")
+@click.option(
+    "--topk",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 64),
+    help="Also cache the target's top-k logits (soft labels, see --soft-weight).",
+)
+@click.option(
+    "--chat/--no-chat",
+    default=True,
+    show_default=True,
+    help="Render data with the tokenizer's chat template, as the server will.",
+)
 @click.option("--max-samples", default=None, type=click.IntRange(1), help="Use only the first N samples.")
-@click.option("--cache-batch", default=64, show_default=True, type=click.IntRange(1),
-              help="Sequences the target decodes at once while caching (rows are refilled as replies end). "
-                   "More rows make each decode step cheaper per token on a CPU (64 vs 16 rows: 1.5-2x per step, "
-                   "~5% end to end as measured on 1 AVX2 thread).")
-@click.option("--cache-dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
-              help="Dtype the target runs in while caching. auto: bfloat16 where the CPU has native bfloat16 "
-                   "(AVX512-BF16/AMX: about 3x faster, and the labels are what a bfloat16 deployment says), "
-                   "float32 elsewhere (on AVX2-only CPUs bfloat16 is several times slower).")
+@click.option(
+    "--cache-batch",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Sequences the target decodes at once while caching (rows are refilled as replies end). "
+    "More rows make each decode step cheaper per token on a CPU (64 vs 16 rows: 1.5-2x per step, "
+    "~5% end to end as measured on 1 AVX2 thread).",
+)
+@click.option(
+    "--cache-dtype",
+    type=click.Choice(["auto", "bfloat16", "float32"]),
+    default="auto",
+    show_default=True,
+    help="Dtype the target runs in while caching. auto: bfloat16 where the CPU has native bfloat16 "
+    "(AVX512-BF16/AMX: about 3x faster, and the labels are what a bfloat16 deployment says), "
+    "float32 elsewhere (on AVX2-only CPUs bfloat16 is several times slower).",
+)
 @click.option("--epochs", default=1.0, show_default=True, type=click.FloatRange(0.0, min_open=True))
 @click.option("--steps", default=None, type=click.IntRange(1), help="Training steps (overrides --epochs).")
 @click.option("--batch-tokens", default=2048, show_default=True, type=click.IntRange(1))
 @click.option("--lr", default=1e-3, show_default=True, type=float)
-@click.option("--unroll", default=2, show_default=True, type=click.IntRange(1, 8),
-              help=f"{_kinds(lambda r: r.style == 'recurrent')}: steps trained per position, feeding back the "
-                   "head's own output.")
-@click.option("--soft-weight", default=0.0, show_default=True, type=click.FloatRange(0.0, 1.0),
-              help="Weight of the target's top-k distribution in the loss (needs --topk).")
-@click.option("--train-on", type=click.Choice(["generated", "all"]), default="generated", show_default=True,
-              help="generated: loss only where the target wrote the text (what heads face when serving).")
-@click.option("--label-vocab", type=click.Choice(["full", "cache"]), default="full", show_default=True,
-              help="cache: softmax over the tokens the target used on the data only (much faster on CPU).")
-@click.option("--lm-dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
-              help="Dtype of the shared lm_head matmul in the loss. auto: bfloat16 where the CPU has native "
-                   "bfloat16 (~2x faster), float32 elsewhere (the bfloat16 backward is emulated there and slow).")
-@click.option("--draft-vocab", default=0, show_default=True, type=click.IntRange(0),
-              help="Also write draft_vocab.safetensors: the N tokens the target writes most often on the data. "
-                   "The reference runtime then drafts over those N only (faster drafting, still lossless); "
-                   "0 = draft over the full vocabulary.")
+@click.option(
+    "--unroll",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 8),
+    help=f"{_kinds(lambda r: r.style == 'recurrent')}: steps trained per position, feeding back the head's own output.",
+)
+@click.option(
+    "--soft-weight",
+    default=0.0,
+    show_default=True,
+    type=click.FloatRange(0.0, 1.0),
+    help="Weight of the target's top-k distribution in the loss (needs --topk).",
+)
+@click.option(
+    "--train-on",
+    type=click.Choice(["generated", "all"]),
+    default="generated",
+    show_default=True,
+    help="generated: loss only where the target wrote the text (what heads face when serving).",
+)
+@click.option(
+    "--label-vocab",
+    type=click.Choice(["full", "cache"]),
+    default="full",
+    show_default=True,
+    help="cache: softmax over the tokens the target used on the data only (much faster on CPU).",
+)
+@click.option(
+    "--lm-dtype",
+    type=click.Choice(["auto", "bfloat16", "float32"]),
+    default="auto",
+    show_default=True,
+    help="Dtype of the shared lm_head matmul in the loss. auto: bfloat16 where the CPU has native "
+    "bfloat16 (~2x faster), float32 elsewhere (the bfloat16 backward is emulated there and slow).",
+)
+@click.option(
+    "--draft-vocab",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Also write draft_vocab.safetensors: the N tokens the target writes most often on the data. "
+    "The reference runtime then drafts over those N only (faster drafting, still lossless); "
+    "0 = draft over the full vocabulary.",
+)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in OUT.train/ (same options).")
 @click.option("--ckpt-every", default=50, show_default=True, type=click.IntRange(0))
-def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, distill, gen_tokens, topk, chat,
-                    max_samples, cache_batch, cache_dtype, epochs, steps, batch_tokens, lr, unroll, soft_weight, train_on, label_vocab,
-                    lm_dtype, draft_vocab, seed, resume, ckpt_every):
+def train_heads_cmd(
+    target,
+    kind,
+    data,
+    out,
+    num_heads,
+    rmsnorm,
+    cache_dir,
+    distill,
+    gen_tokens,
+    topk,
+    chat,
+    max_samples,
+    cache_batch,
+    cache_dtype,
+    epochs,
+    steps,
+    batch_tokens,
+    lr,
+    unroll,
+    soft_weight,
+    train_on,
+    label_vocab,
+    lm_dtype,
+    draft_vocab,
+    seed,
+    resume,
+    ckpt_every,
+):
     """Train draft heads on the target's own outputs (self-distillation) and write them for the loaders.
 
     The target runs once over the data and its final hidden states and greedy choices go to a
@@ -96,9 +193,9 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
     DistributedDataParallel. Output: trtspec-heads (mtp-*), FasterDecoding Medusa, or SafeAILab EAGLE,
     with the target's fingerprint.
     """
-    from trtspec.load import load_tokenizer
     from trtspec.checkpoint.target import load_hf_causal_lm
     from trtspec.cpu import setup_compute
+    from trtspec.load import load_tokenizer
     from trtspec.train.cache import HiddenCache, build_cache
     from trtspec.train.data import check_lengths, load_samples
     from trtspec.train.heads import horizon, save_heads
@@ -120,63 +217,156 @@ def train_heads_cmd(target, kind, data, out, num_heads, rmsnorm, cache_dir, dist
     cache_dir = cache_dir or out.with_name(out.name + ".cache")
     setup_compute(cache_dtype, echo=lambda line: click.echo(f"cache {line}", err=True))  # inputs are valid: announce
     click.echo(f"lm_head {lm_choice.describe()}", err=True)
-    build_cache(tgt, items, cache_dir, mode=distill, gen_tokens=gen_tokens, topk=topk, batch_size=cache_batch,
-                rank=rank, world=world, dtype=cache_choice.name)
+    build_cache(
+        tgt,
+        items,
+        cache_dir,
+        mode=distill,
+        gen_tokens=gen_tokens,
+        topk=topk,
+        batch_size=cache_batch,
+        rank=rank,
+        world=world,
+        dtype=cache_choice.name,
+    )
     _barrier(world)
     cache = HiddenCache(cache_dir, tgt.fingerprint, world=world)
     check_lengths([range(n) for _, _, n in cache.sequences], hz, f"{cache_dir} (cached sequences)")
-    cfg = TrainConfig(kind=kind, num_heads=num_heads, rmsnorm=rmsnorm, unroll=unroll, batch_tokens=batch_tokens,
-                      epochs=epochs, steps=steps, lr=lr, soft_weight=soft_weight, train_on=train_on, label_vocab=label_vocab,
-                      lm_dtype=lm_choice.name, seed=seed, ckpt_every=ckpt_every)
+    cfg = TrainConfig(
+        kind=kind,
+        num_heads=num_heads,
+        rmsnorm=rmsnorm,
+        unroll=unroll,
+        batch_tokens=batch_tokens,
+        epochs=epochs,
+        steps=steps,
+        lr=lr,
+        soft_weight=soft_weight,
+        train_on=train_on,
+        label_vocab=label_vocab,
+        lm_dtype=lm_choice.name,
+        seed=seed,
+        ckpt_every=ckpt_every,
+    )
     module, result = train(tgt, cache, cfg, ckpt_dir=out.with_name(out.name + ".train"), resume=resume)
     if rank == 0:
-        info = {"steps": result.steps, "final_loss": result.final_loss, "step_losses": result.step_losses,
-                "cache_tokens": cache.num_tokens, "distill": distill, "seed": seed}
+        info = {
+            "steps": result.steps,
+            "final_loss": result.final_loss,
+            "step_losses": result.step_losses,
+            "cache_tokens": cache.num_tokens,
+            "distill": distill,
+            "seed": seed,
+        }
         save_heads(kind, module, tgt, out, info, rmsnorm=rmsnorm)
-        click.echo(f"wrote {kind} heads to {out} (loss {result.final_loss:.4f}, {result.steps} steps, "
-                   f"{result.tokens_per_s:.0f} tok/s)")
+        click.echo(
+            f"wrote {kind} heads to {out} (loss {result.final_loss:.4f}, {result.steps} steps, "
+            f"{result.tokens_per_s:.0f} tok/s)"
+        )
         if draft_vocab:
             from trtspec.checkpoint.heads.draft_vocab import save_draft_vocab
             from trtspec.train.draft_vocab import frequent_tokens
 
             dv = frequent_tokens(cache, tgt.arch.vocab_size, draft_vocab)
             f = save_draft_vocab(out, dv.ids)
-            click.echo(f"wrote {f}: {dv.ids.numel()} of {tgt.arch.vocab_size} tokens, covering {dv.coverage:.1%} of "
-                       f"the target's choices on the data ({dv.distinct} distinct)")
+            click.echo(
+                f"wrote {f}: {dv.ids.numel()} of {tgt.arch.vocab_size} tokens, covering {dv.coverage:.1%} of "
+                f"the target's choices on the data ({dv.distinct} distinct)"
+            )
     _barrier(world)
 
 
 @click.command("tune-tree")
 @target_option
 @click.option("--heads", "-H", required=True, type=click.Path(path_type=Path), help="Trained heads (any kind).")
-@click.option("--heads-format", type=click.Choice(registry.names()), default=None,
-              help="Drafter kind; detected from the files when omitted.")
+@click.option(
+    "--heads-format",
+    type=click.Choice(registry.names()),
+    default=None,
+    help="Drafter kind; detected from the files when omitted.",
+)
 @click.option("--data", "-d", multiple=True, required=True, help="Calibration data (as for train-heads).")
-@click.option("--nodes", "-n", default="8", show_default=True,
-              help="Node budget(s): N or a comma list; with several, the best measured speed wins.")
+@click.option(
+    "--nodes",
+    "-n",
+    default="8",
+    show_default=True,
+    help="Node budget(s): N or a comma list; with several, the best measured speed wins.",
+)
 @click.option("--depth", default=None, type=click.IntRange(1, 16), help="Max tree depth (default: heads, or 5).")
 @click.option("--topk", default=8, show_default=True, type=click.IntRange(1, 64), help="Ranks considered per depth.")
-@click.option("--skip", default=0, show_default=True, type=click.IntRange(0),
-              help="Skip the first N samples (e.g. the ones the heads were trained on).")
+@click.option(
+    "--skip",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Skip the first N samples (e.g. the ones the heads were trained on).",
+)
 @click.option("--calib-samples", default=32, show_default=True, type=click.IntRange(1))
-@click.option("--eval-samples", default=8, show_default=True, type=click.IntRange(0),
-              help="Prompts decoded to measure the acceptance length (0 = skip).")
-@click.option("--max-tokens", "max_tokens", cls=AliasedOption, hidden_aliases=("--max-new-tokens",), default=64,
-              show_default=True, type=click.IntRange(1), help="Tokens generated per evaluation prompt.")
+@click.option(
+    "--eval-samples",
+    default=8,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Prompts decoded to measure the acceptance length (0 = skip).",
+)
+@click.option(
+    "--max-tokens",
+    "max_tokens",
+    cls=AliasedOption,
+    hidden_aliases=("--max-new-tokens",),
+    default=64,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Tokens generated per evaluation prompt.",
+)
 @click.option("--gen-tokens", default=96, show_default=True, type=click.IntRange(2))
-@click.option("--cache", "cache_dir", type=click.Path(path_type=Path), default=None,
-              help="Calibration cache directory (default: HEADS.calib).")
+@click.option(
+    "--cache",
+    "cache_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Calibration cache directory (default: HEADS.calib).",
+)
 @click.option("--speed/--no-speed", default=True, show_default=True, help="Also time plain vs speculative decoding.")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None, help="Write the choices as JSON here.")
 @click.option("--write-heads", is_flag=True, help="Record the tree in trtspec-heads metadata (tree_choices).")
-@click.option("--draft-vocab", default=None, type=click.IntRange(0),
-              help="Tune with the N most frequent tokens of the heads' draft vocabulary (0 = full vocabulary).")
-@click.option("--dtype", type=click.Choice(["auto", "bfloat16", "float32"]), default="auto", show_default=True,
-              help="Dtype of the calibration cache and of the timed decoding (auto: bfloat16 where the CPU has "
-                   "native bfloat16, else float32). Time in the dtype you will serve in.")
+@click.option(
+    "--draft-vocab",
+    default=None,
+    type=click.IntRange(0),
+    help="Tune with the N most frequent tokens of the heads' draft vocabulary (0 = full vocabulary).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "bfloat16", "float32"]),
+    default="auto",
+    show_default=True,
+    help="Dtype of the calibration cache and of the timed decoding (auto: bfloat16 where the CPU has "
+    "native bfloat16, else float32). Time in the dtype you will serve in.",
+)
 @click.option("--seed", default=0, show_default=True)
-def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, calib_samples, eval_samples, max_tokens,
-                  gen_tokens, cache_dir, speed, out, write_heads, draft_vocab, dtype, seed):
+def tune_tree_cmd(
+    target,
+    heads,
+    heads_format,
+    data,
+    nodes,
+    depth,
+    topk,
+    skip,
+    calib_samples,
+    eval_samples,
+    max_tokens,
+    gen_tokens,
+    cache_dir,
+    speed,
+    out,
+    write_heads,
+    draft_vocab,
+    dtype,
+    seed,
+):
     """Measure per-depth top-k acceptance on calibration data and build the static tree that maximises the
     expected acceptance length for N nodes; print the expected and the measured acceptance length and the
     choices in Medusa/EAGLE and TensorRT-LLM notation (for --tree, build and the Triton parameters)."""
@@ -188,14 +378,29 @@ def tune_tree_cmd(target, heads, heads_format, data, nodes, depth, topk, skip, c
     if not samples:
         raise UsageError(f"--skip {skip} leaves no calibration samples")
     calib = samples[:calib_samples]
-    evals = samples[calib_samples:calib_samples + eval_samples] or samples[:eval_samples]
-    report = tune(target, heads, heads_format, calib, evals, budgets, depth=depth, topk=topk,
-                  cache_dir=cache_dir or heads.with_name(heads.name + ".calib"), gen_tokens=gen_tokens,
-                  max_new_tokens=max_tokens, speed=speed, echo=click.echo, draft_vocab=draft_vocab,
-                  dtype=dtype)
+    evals = samples[calib_samples : calib_samples + eval_samples] or samples[:eval_samples]
+    report = tune(
+        target,
+        heads,
+        heads_format,
+        calib,
+        evals,
+        budgets,
+        depth=depth,
+        topk=topk,
+        cache_dir=cache_dir or heads.with_name(heads.name + ".calib"),
+        gen_tokens=gen_tokens,
+        max_new_tokens=max_tokens,
+        speed=speed,
+        echo=click.echo,
+        draft_vocab=draft_vocab,
+        dtype=dtype,
+    )
     best = report["best"]
-    click.echo(f"best: {best['nodes']} nodes, expected {best['expected']:.3f}, measured "
-               f"{best.get('measured', float('nan')):.3f}")
+    click.echo(
+        f"best: {best['nodes']} nodes, expected {best['expected']:.3f}, measured "
+        f"{best.get('measured', float('nan')):.3f}"
+    )
     click.echo(f"choices: {best['choices_json']}")
     click.echo(f"trtllm:  {best['choices_trtllm']}")
     if out:

@@ -13,7 +13,6 @@ import click
 from trtspec.cli.options import tree_option
 from trtspec.drafters import registry
 from trtspec.errors import CheckpointError, UsageError
-
 from trtspec.triton.launch import LAUNCH_SCRIPT, TRTLLM_IMAGE
 
 #: the image that ships TensorRT-LLM 1.2.1, the version the engines are built with
@@ -47,40 +46,106 @@ def triton_group() -> None:
 
 
 @triton_group.command("emit")
-@click.option("--spec", "spec_path", type=click.Path(exists=True, path_type=Path), default=None,
-              help="A target model directory, or a JSON/YAML spec file with target, heads, heads_format, tree, dtype.")
-@click.option("--target", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
-              help="Hugging Face target model directory (instead of --spec).")
-@click.option("--heads", "-H", type=click.Path(exists=True, path_type=Path), default=None,
-              help=f"Drafter: heads of any registered kind ({', '.join(registry.names())}).")
-@click.option("--heads-format", type=click.Choice(registry.names()), default=None,
-              help="Drafter kind; detected from the files when omitted.")
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="A target model directory, or a JSON/YAML spec file with target, heads, heads_format, tree, dtype.",
+)
+@click.option(
+    "--target",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Hugging Face target model directory (instead of --spec).",
+)
+@click.option(
+    "--heads",
+    "-H",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help=f"Drafter: heads of any registered kind ({', '.join(registry.names())}).",
+)
+@click.option(
+    "--heads-format",
+    type=click.Choice(registry.names()),
+    default=None,
+    help="Drafter kind; detected from the files when omitted.",
+)
 @tree_option
-@click.option("--dtype", default="auto", show_default=True,
-              help="Reference runtime dtype. auto: chosen where the server runs (bfloat16 on CPUs with native "
-                   "bfloat16 and on GPUs, float32 on other CPUs).")
-@click.option("--runtime", type=click.Choice(["trtllm", "reference"]), required=True,
-              help="trtllm: engines on NVIDIA's Triton+TRT-LLM container; reference: trtspec's PyTorch runtime.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Repository directory to write (replaced atomically if it is a trtspec repository).")
-@click.option("--engine-dir", type=click.Path(path_type=Path), default=None,
-              help="trtllm: the engines' directory as the server will see it.")
-@click.option("--draft-engine-dir", type=click.Path(path_type=Path), default=None,
-              help="trtllm, draft-model heads: the draft engine's directory as the server will see it.")
-@click.option("--plugin-library", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
-              help="trtllm: the project's TensorRT plugin library (copied in, preloaded by the server).")
+@click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    help="Reference runtime dtype. auto: chosen where the server runs (bfloat16 on CPUs with native "
+    "bfloat16 and on GPUs, float32 on other CPUs).",
+)
+@click.option(
+    "--runtime",
+    type=click.Choice(["trtllm", "reference"]),
+    required=True,
+    help="trtllm: engines on NVIDIA's Triton+TRT-LLM container; reference: trtspec's PyTorch runtime.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Repository directory to write (replaced atomically if it is a trtspec repository).",
+)
+@click.option(
+    "--engine-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="trtllm: the engines' directory as the server will see it.",
+)
+@click.option(
+    "--draft-engine-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="trtllm, draft-model heads: the draft engine's directory as the server will see it.",
+)
+@click.option(
+    "--plugin-library",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="trtllm: the project's TensorRT plugin library (copied in, preloaded by the server).",
+)
 @click.option("--max-batch-size", type=int, default=8, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="reference: cpu, cuda, cuda:N or auto.")
 @click.option("--no-speculative", is_flag=True, help="reference: plain decoding with the same model (baseline).")
-@click.option("--decoupled/--no-decoupled", default=True, show_default=True,
-              help="TensorRT-LLM's decoupled_mode: decoupled streams (gRPC, generate_stream); not decoupled "
-                   "serves plain unary requests (HTTP /infer and /generate on the ensemble).")
-@click.option("--max-seq-len", type=int, default=None,
-              help="The engine's max_seq_len (trtllm-build --max_seq_len). Default: the engine's config.json; "
-                   "reference: the model's max_position_embeddings.")
-def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_dir, engine_dir, draft_engine_dir,
-             plugin_library,
-             max_batch_size, device, no_speculative, decoupled, max_seq_len) -> None:
+@click.option(
+    "--decoupled/--no-decoupled",
+    default=True,
+    show_default=True,
+    help="TensorRT-LLM's decoupled_mode: decoupled streams (gRPC, generate_stream); not decoupled "
+    "serves plain unary requests (HTTP /infer and /generate on the ensemble).",
+)
+@click.option(
+    "--max-seq-len",
+    type=int,
+    default=None,
+    help="The engine's max_seq_len (trtllm-build --max_seq_len). Default: the engine's config.json; "
+    "reference: the model's max_position_embeddings.",
+)
+def emit_cmd(
+    spec_path,
+    target,
+    heads,
+    heads_format,
+    tree,
+    dtype,
+    runtime,
+    out_dir,
+    engine_dir,
+    draft_engine_dir,
+    plugin_library,
+    max_batch_size,
+    device,
+    no_speculative,
+    decoupled,
+    max_seq_len,
+) -> None:
     """Fill the Triton templates for a target + heads, validate every config.pbtxt against Triton's
     ModelConfig schema, and write the repository (preprocessing, tensorrt_llm, postprocessing, ensemble,
     tensorrt_llm_bls)."""
@@ -90,18 +155,26 @@ def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_d
     fields: dict = {}
     if spec_path is not None:
         fields = {"target": str(spec_path)} if spec_path.is_dir() else _read_spec_file(spec_path)
-    for k, v in (("target", target), ("heads", heads), ("heads_format", heads_format), ("tree", tree),
-                 ("dtype", dtype)):
+    for k, v in (
+        ("target", target),
+        ("heads", heads),
+        ("heads_format", heads_format),
+        ("tree", tree),
+        ("dtype", dtype),
+    ):
         if v is not None:
             fields[k] = str(v)
     if "target" not in fields:
         raise UsageError("give the model: --spec DIR_OR_FILE or --target DIR")
     auto = fields.get("dtype") == "auto"  # resolved by the server on its own hardware, not here
-    spec = load_spec_model(fields["target"], fields.get("heads"), heads_format=fields.get("heads_format"),
-                           tree=fields.get("tree"),
-                           dtype=fields.get("dtype") if runtime == "reference" and not auto else None)
-    options = {"triton_max_batch_size": max_batch_size, "speculative": not no_speculative,
-               "decoupled_mode": decoupled}
+    spec = load_spec_model(
+        fields["target"],
+        fields.get("heads"),
+        heads_format=fields.get("heads_format"),
+        tree=fields.get("tree"),
+        dtype=fields.get("dtype") if runtime == "reference" and not auto else None,
+    )
+    options = {"triton_max_batch_size": max_batch_size, "speculative": not no_speculative, "decoupled_mode": decoupled}
     if max_seq_len is not None:
         if max_seq_len < 1:
             raise UsageError("--max-seq-len must be >= 1")
@@ -110,28 +183,60 @@ def emit_cmd(spec_path, target, heads, heads_format, tree, dtype, runtime, out_d
         options["trtspec_device"] = device
         if auto:
             options["trtspec_dtype"] = "auto"
-    repo = emit_repository(spec, runtime, out_dir, engine_dir=engine_dir, plugin_library=plugin_library,
-                           options=options, draft_engine_dir=draft_engine_dir)
+    repo = emit_repository(
+        spec,
+        runtime,
+        out_dir,
+        engine_dir=engine_dir,
+        plugin_library=plugin_library,
+        options=options,
+        draft_engine_dir=draft_engine_dir,
+    )
     click.echo(f"wrote {runtime} Triton repository {repo} ({spec.describe()})")
     click.echo(f"serve it with: trtspec serve {shlex.quote(str(repo))}")
 
 
-def container_command(repo: Path, manifest: dict, http_port: int, grpc_port: int, metrics_port: int,
-                      image: str = DEFAULT_CONTAINER) -> str:
+def container_command(
+    repo: Path, manifest: dict, http_port: int, grpc_port: int, metrics_port: int, image: str = DEFAULT_CONTAINER
+) -> str:
     """The docker command that serves a trtllm repository: the 1.2.1 image runs the repository's
     launch.sh, which starts one tritonserver rank per GPU of the engine under mpirun (plugin library
     preloaded)."""
     repo = Path(repo).resolve()
-    parts = ["docker", "run", "--rm", "-it", "--gpus", "all", "--shm-size=2g", "--ulimit", "memlock=-1",
-             "--net", "host", "-e", "TRTSPEC_INSIDE=1", "-v", f"{repo}:/models"]
+    parts = [
+        "docker",
+        "run",
+        "--rm",
+        "-it",
+        "--gpus",
+        "all",
+        "--shm-size=2g",
+        "--ulimit",
+        "memlock=-1",
+        "--net",
+        "host",
+        "-e",
+        "TRTSPEC_INSIDE=1",
+        "-v",
+        f"{repo}:/models",
+    ]
     for key in ("engine_dir", "draft_engine_dir"):
         engine = manifest.get(key)
         if engine and Path(engine).is_absolute():
             parts += ["-v", f"{engine}:{engine}"]
     if manifest.get("plugin_library"):
         parts += ["-e", f"LD_PRELOAD=/models/{manifest['plugin_library']}"]
-    parts += [image, "bash", f"/models/{LAUNCH_SCRIPT}", "--http-port", str(http_port), "--grpc-port",
-              str(grpc_port), "--metrics-port", str(metrics_port)]
+    parts += [
+        image,
+        "bash",
+        f"/models/{LAUNCH_SCRIPT}",
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--metrics-port",
+        str(metrics_port),
+    ]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -141,12 +246,26 @@ def container_command(repo: Path, manifest: dict, http_port: int, grpc_port: int
 @click.option("--grpc-port", type=int, default=8001, show_default=True, help="0 = any free port.")
 @click.option("--metrics-port", type=int, default=8002, show_default=True, help="0 = any free port.")
 @click.option("--install", is_flag=True, help="Install nvidia-pytriton (the server) first if it is missing.")
-@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Server log (default: a temporary file).")
-@click.option("--timeout", "timeout_s", type=float, default=300.0, show_default=True,
-              help="Seconds to wait for every model to be ready.")
-@click.option("--image", default=DEFAULT_CONTAINER, show_default=True,
-              help="trtllm runtime: the NVIDIA container image to print the command for.")
+@click.option(
+    "--log-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Server log (default: a temporary file).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Seconds to wait for every model to be ready.",
+)
+@click.option(
+    "--image",
+    default=DEFAULT_CONTAINER,
+    show_default=True,
+    help="trtllm runtime: the NVIDIA container image to print the command for.",
+)
 def serve_cmd(repo, http_port, grpc_port, metrics_port, install, log_file, timeout_s, image) -> None:
     """Serve a trtspec Triton repository on 127.0.0.1 until Ctrl-C.
 
@@ -160,31 +279,44 @@ def serve_cmd(repo, http_port, grpc_port, metrics_port, install, log_file, timeo
     manifest = read_manifest(repo)
     validate_repository(repo)
     if manifest.get("runtime") == "trtllm":
-        click.echo("this repository uses the tensorrtllm backend, which exists only in NVIDIA's GPU containers; "
-                   "on a machine with a GPU and the engines run:")
-        click.echo(container_command(repo, manifest, http_port or 8000, grpc_port or 8001, metrics_port or 8002,
-                                     image))
-        click.echo(f"(or run {repo / LAUNCH_SCRIPT} there; it starts {image} itself. The image ships "
-                   f"TensorRT-LLM 1.2.1, the version of the engines; launch.sh runs one MPI rank per GPU of the "
-                   f"engine)")
+        click.echo(
+            "this repository uses the tensorrtllm backend, which exists only in NVIDIA's GPU containers; "
+            "on a machine with a GPU and the engines run:"
+        )
+        click.echo(container_command(repo, manifest, http_port or 8000, grpc_port or 8001, metrics_port or 8002, image))
+        click.echo(
+            f"(or run {repo / LAUNCH_SCRIPT} there; it starts {image} itself. The image ships "
+            f"TensorRT-LLM 1.2.1, the version of the engines; launch.sh runs one MPI rank per GPU of the "
+            f"engine)"
+        )
         lib = manifest.get("plugin_library")
         if lib and not (repo / lib).is_file():
-            click.echo(f"warning: {repo / lib} is missing: copy the plugin library there first (the engines "
-                       f"need it inside the server process)", err=True)
+            click.echo(
+                f"warning: {repo / lib} is missing: copy the plugin library there first (the engines "
+                f"need it inside the server process)",
+                err=True,
+            )
         return
 
     def _term(signum, frame):  # SIGTERM stops as cleanly as Ctrl-C
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, _term)
-    server = TritonServer(repo, http_port=http_port, grpc_port=grpc_port, metrics_port=metrics_port,
-                          log_path=log_file, startup_timeout_s=timeout_s, install=install)
+    server = TritonServer(
+        repo,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        log_path=log_file,
+        startup_timeout_s=timeout_s,
+        install=install,
+    )
     try:
         click.echo(f"starting tritonserver for {repo} (log: {log_file or 'temporary file'}) ...", err=True)
         with server:
             click.echo(f"ready: HTTP http://{server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}")
             verb = "stream" if manifest.get("decoupled", True) else "generate"  # unary only when not decoupled
-            click.echo(f"  try: trtspec client {verb} --url {server.http_url} \"Hello\"")
+            click.echo(f'  try: trtspec client {verb} --url {server.http_url} "Hello"')
             click.echo("  Ctrl-C stops the server", err=True)
             while server.is_alive():
                 time.sleep(0.5)

@@ -60,23 +60,35 @@ class BenchResult:
         itl = [r.itl_s for r in self.results if r.itl_s is not None]
         mal = [m for r in self.results if (m := r.mean_acceptance_length(self.max_draft_len)) is not None]
         acc = [r.metrics["acceptance_rate"] for r in self.results if "acceptance_rate" in r.metrics]
-        return {"label": self.label, "concurrency": self.concurrency, "requests": len(self.results),
-                "errors": len(self.errors), "wall_s": self.wall_s, "requests_per_s": self.requests_per_s,
-                "output_tokens_per_s": self.output_tokens_per_s,
-                "ttft_p50_ms": 1e3 * percentile(ttft, 50), "ttft_p99_ms": 1e3 * percentile(ttft, 99),
-                "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99),
-                "e2e_p50_ms": 1e3 * percentile([r.latency_s for r in self.results], 50),
-                "e2e_mean_ms": 1e3 * statistics.fmean([r.latency_s for r in self.results]) if self.results else float("nan"),
-                "mean_acceptance_length": statistics.fmean(mal) if mal else float("nan"),
-                "acceptance_rate": statistics.fmean(acc) if acc else float("nan")}
+        return {
+            "label": self.label,
+            "concurrency": self.concurrency,
+            "requests": len(self.results),
+            "errors": len(self.errors),
+            "wall_s": self.wall_s,
+            "requests_per_s": self.requests_per_s,
+            "output_tokens_per_s": self.output_tokens_per_s,
+            "ttft_p50_ms": 1e3 * percentile(ttft, 50),
+            "ttft_p99_ms": 1e3 * percentile(ttft, 99),
+            "itl_p50_ms": 1e3 * percentile(itl, 50),
+            "itl_p99_ms": 1e3 * percentile(itl, 99),
+            "e2e_p50_ms": 1e3 * percentile([r.latency_s for r in self.results], 50),
+            "e2e_mean_ms": 1e3 * statistics.fmean([r.latency_s for r in self.results])
+            if self.results
+            else float("nan"),
+            "mean_acceptance_length": statistics.fmean(mal) if mal else float("nan"),
+            "acceptance_rate": statistics.fmean(acc) if acc else float("nan"),
+        }
 
 
 def format_summary(s: dict) -> str:
-    return (f"{s['label'] + ' ' if s['label'] else ''}concurrency {s['concurrency']}: {s['requests']} requests "
-            f"({s['errors']} errors) in {s['wall_s']:.2f} s  {s['requests_per_s']:.2f} req/s  "
-            f"{s['output_tokens_per_s']:.1f} tok/s  TTFT p50 {s['ttft_p50_ms']:.0f} ms p99 {s['ttft_p99_ms']:.0f} ms  "
-            f"ITL p50 {s['itl_p50_ms']:.1f} ms p99 {s['itl_p99_ms']:.1f} ms  "
-            f"mean acceptance length {s['mean_acceptance_length']:.2f}")
+    return (
+        f"{s['label'] + ' ' if s['label'] else ''}concurrency {s['concurrency']}: {s['requests']} requests "
+        f"({s['errors']} errors) in {s['wall_s']:.2f} s  {s['requests_per_s']:.2f} req/s  "
+        f"{s['output_tokens_per_s']:.1f} tok/s  TTFT p50 {s['ttft_p50_ms']:.0f} ms p99 {s['ttft_p99_ms']:.0f} ms  "
+        f"ITL p50 {s['itl_p50_ms']:.1f} ms p99 {s['itl_p99_ms']:.1f} ms  "
+        f"mean acceptance length {s['mean_acceptance_length']:.2f}"
+    )
 
 
 def make_client(protocol: str, url: str, model: str):
@@ -89,9 +101,17 @@ def make_client(protocol: str, url: str, model: str):
     return HttpClient(url, model)
 
 
-def run_bench(url: str, protocol: str = "http", model: str = "ensemble", prompts: list[str] | None = None,
-              num_requests: int = 16, concurrency: int = 1, params: GenerateParams | None = None,
-              warmup: int = 1, label: str = "") -> BenchResult:
+def run_bench(
+    url: str,
+    protocol: str = "http",
+    model: str = "ensemble",
+    prompts: list[str] | None = None,
+    num_requests: int = 16,
+    concurrency: int = 1,
+    params: GenerateParams | None = None,
+    warmup: int = 1,
+    label: str = "",
+) -> BenchResult:
     """Closed-loop load at ``concurrency``; request i uses prompt i mod len(prompts)."""
     prompts = list(prompts or DEFAULT_PROMPTS)
     params = params or GenerateParams()

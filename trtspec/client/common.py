@@ -14,10 +14,20 @@ from trtspec.errors import UsageError
 
 DEFAULT_MODEL = "ensemble"
 #: what TensorRT-LLM 1.2's backend sends with return_perf_metrics (+ return_num_*_tokens)
-METRIC_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_input_tokens",
-                "num_output_tokens", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
-                "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
-                "last_token_time_ns")
+METRIC_NAMES = (
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+    "num_input_tokens",
+    "num_output_tokens",
+    "kv_cache_alloc_new_blocks",
+    "kv_cache_reused_blocks",
+    "kv_cache_alloc_total_blocks",
+    "arrival_time_ns",
+    "first_scheduled_time_ns",
+    "first_token_time_ns",
+    "last_token_time_ns",
+)
 
 
 class ServerError(UsageError):
@@ -39,8 +49,12 @@ class GenerateParams:
 
     def fields(self, text: str, stream: bool) -> dict[str, Any]:
         """Ensemble input name -> Python value (None fields are left out: the model's default applies)."""
-        d: dict[str, Any] = {"text_input": text, "max_tokens": self.max_tokens, "stream": stream,
-                             "return_perf_metrics": self.return_perf_metrics}
+        d: dict[str, Any] = {
+            "text_input": text,
+            "max_tokens": self.max_tokens,
+            "stream": stream,
+            "return_perf_metrics": self.return_perf_metrics,
+        }
         if self.return_num_tokens:
             d.update(return_num_input_tokens=True, return_num_output_tokens=True)
         for k in ("temperature", "top_k", "top_p", "seed", "end_id"):

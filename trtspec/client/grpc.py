@@ -14,9 +14,20 @@ import numpy as np
 
 from trtspec.client.common import DEFAULT_MODEL, METRIC_NAMES, GenerateParams, GenerateResult, ServerError, Timer
 
-_TYPES = {"text_input": "BYTES", "stop_words": "BYTES", "max_tokens": "INT32", "top_k": "INT32",
-          "end_id": "INT32", "temperature": "FP32", "top_p": "FP32", "seed": "UINT64", "stream": "BOOL",
-          "return_perf_metrics": "BOOL", "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL"}
+_TYPES = {
+    "text_input": "BYTES",
+    "stop_words": "BYTES",
+    "max_tokens": "INT32",
+    "top_k": "INT32",
+    "end_id": "INT32",
+    "temperature": "FP32",
+    "top_p": "FP32",
+    "seed": "UINT64",
+    "stream": "BOOL",
+    "return_perf_metrics": "BOOL",
+    "return_num_input_tokens": "BOOL",
+    "return_num_output_tokens": "BOOL",
+}
 _NP = {"BYTES": object, "INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": np.bool_}
 
 
@@ -54,7 +65,7 @@ class GrpcClient:
             self._streaming = False
         self.client.close()
 
-    def __enter__(self) -> "GrpcClient":
+    def __enter__(self) -> GrpcClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -83,8 +94,13 @@ class GrpcClient:
         rid = uuid.uuid4().hex
         outputs = None  # all outputs the model produces
         timer = Timer()
-        self.client.async_stream_infer(self.model, build_inputs(params.fields(text, stream)), request_id=rid,
-                                       outputs=outputs, enable_empty_final_response=True)
+        self.client.async_stream_infer(
+            self.model,
+            build_inputs(params.fields(text, stream)),
+            request_id=rid,
+            outputs=outputs,
+            enable_empty_final_response=True,
+        )
         result = GenerateResult(text="")
         while True:
             try:

@@ -62,13 +62,19 @@ class HttpClient:
     def _post(self, path: str, body: dict) -> http.client.HTTPResponse:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
         try:
-            conn.request("POST", f"/v2/models/{self.model}/{path}", body=json.dumps(body),
-                         headers={"Content-Type": "application/json", "Connection": "close"})
+            conn.request(
+                "POST",
+                f"/v2/models/{self.model}/{path}",
+                body=json.dumps(body),
+                headers={"Content-Type": "application/json", "Connection": "close"},
+            )
             return conn.getresponse()
         except OSError as exc:
             conn.close()
-            raise ServerError(f"cannot reach a Triton server at {self.host}:{self.port} ({exc})",
-                              fix="start one with `trtspec serve REPO` or pass --url") from None
+            raise ServerError(
+                f"cannot reach a Triton server at {self.host}:{self.port} ({exc})",
+                fix="start one with `trtspec serve REPO` or pass --url",
+            ) from None
 
     @staticmethod
     def _error(status: int, raw: str) -> ServerError:
@@ -89,8 +95,13 @@ class HttpClient:
             raise self._error(resp.status, raw)
         out = json.loads(raw)
         latency = timer()
-        return GenerateResult(text=str(out.get("text_output", "")), pieces=[str(out.get("text_output", ""))],
-                              piece_times=[latency], metrics=_metrics(out), latency_s=latency)
+        return GenerateResult(
+            text=str(out.get("text_output", "")),
+            pieces=[str(out.get("text_output", ""))],
+            piece_times=[latency],
+            metrics=_metrics(out),
+            latency_s=latency,
+        )
 
     def stream_events(self, text: str, params: GenerateParams | None = None) -> Iterator[tuple[float, dict]]:
         """Yield (seconds since sent, event dict) for each server-sent event of /generate_stream."""

@@ -27,23 +27,48 @@ from trtspec.spec import LlamaArch
 
 #: architecture -> {field: allowed python types}. What TensorRT-LLM 1.2 reads for that architecture.
 PRETRAINED_FIELDS: dict[str, tuple[type, ...]] = {
-    "architecture": (str,), "dtype": (str,), "hidden_size": (int,), "num_hidden_layers": (int,),
-    "num_attention_heads": (int,), "vocab_size": (int,), "hidden_act": (str,), "logits_dtype": (str,),
-    "norm_epsilon": (float,), "position_embedding_type": (str,), "max_position_embeddings": (int,),
-    "num_key_value_heads": (int,), "intermediate_size": (int,), "mapping": (dict,), "quantization": (dict,),
-    "use_parallel_embedding": (bool,), "embedding_sharding_dim": (int,), "head_size": (int,),
+    "architecture": (str,),
+    "dtype": (str,),
+    "hidden_size": (int,),
+    "num_hidden_layers": (int,),
+    "num_attention_heads": (int,),
+    "vocab_size": (int,),
+    "hidden_act": (str,),
+    "logits_dtype": (str,),
+    "norm_epsilon": (float,),
+    "position_embedding_type": (str,),
+    "max_position_embeddings": (int,),
+    "num_key_value_heads": (int,),
+    "intermediate_size": (int,),
+    "mapping": (dict,),
+    "quantization": (dict,),
+    "use_parallel_embedding": (bool,),
+    "embedding_sharding_dim": (int,),
+    "head_size": (int,),
     "qk_layernorm": (bool,),
 }
 LLAMA_FIELDS: dict[str, tuple[type, ...]] = {
-    **PRETRAINED_FIELDS, "mlp_bias": (bool,), "attn_bias": (bool,), "rotary_base": (float,),
-    "rotary_scaling": (dict, type(None)), "residual_mlp": (bool,), "tie_word_embeddings": (bool,),
+    **PRETRAINED_FIELDS,
+    "mlp_bias": (bool,),
+    "attn_bias": (bool,),
+    "rotary_base": (float,),
+    "rotary_scaling": (dict, type(None)),
+    "residual_mlp": (bool,),
+    "tie_word_embeddings": (bool,),
 }
 MEDUSA_FIELDS = {**LLAMA_FIELDS, "num_medusa_heads": (int,), "num_medusa_layers": (int,), "max_draft_len": (int,)}
-EAGLE_FIELDS = {**LLAMA_FIELDS, "num_eagle_layers": (int,), "max_non_leaves_per_layer": (int,),
-                "max_draft_len": (int,), "eagle_net_config": (dict,)}
+EAGLE_FIELDS = {
+    **LLAMA_FIELDS,
+    "num_eagle_layers": (int,),
+    "max_non_leaves_per_layer": (int,),
+    "max_draft_len": (int,),
+    "eagle_net_config": (dict,),
+}
 REQUIRED_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
-    "LlamaForCausalLM": LLAMA_FIELDS, "MistralForCausalLM": LLAMA_FIELDS,
-    "MedusaForCausalLM": MEDUSA_FIELDS, "EagleForCausalLM": EAGLE_FIELDS,
+    "LlamaForCausalLM": LLAMA_FIELDS,
+    "MistralForCausalLM": LLAMA_FIELDS,
+    "MedusaForCausalLM": MEDUSA_FIELDS,
+    "EagleForCausalLM": EAGLE_FIELDS,
 }
 MAPPING_FIELDS = {"world_size": (int,), "tp_size": (int,), "pp_size": (int,)}
 QUANT_FIELDS = {"quant_algo": (type(None), str), "kv_cache_quant_algo": (type(None), str)}
@@ -67,8 +92,14 @@ def rotary_scaling(arch: LlamaArch) -> dict[str, Any] | None:
     return out
 
 
-def llama_config(arch: LlamaArch, dtype: torch.dtype, mapping: Mapping, architecture: str,
-                 use_parallel_embedding: bool = False, embedding_sharding_dim: int = 0) -> dict[str, Any]:
+def llama_config(
+    arch: LlamaArch,
+    dtype: torch.dtype,
+    mapping: Mapping,
+    architecture: str,
+    use_parallel_embedding: bool = False,
+    embedding_sharding_dim: int = 0,
+) -> dict[str, Any]:
     """A LLaMAConfig dict for ``arch`` (target, draft model, or an EAGLE drafter's one layer)."""
     return {
         "architecture": architecture,
@@ -112,8 +143,9 @@ def check_config(cfg: dict[str, Any]) -> list[str]:
             if key not in d:
                 problems.append(f"{where}{key} missing")
             elif not isinstance(d[key], types) or (isinstance(d[key], bool) and bool not in types):
-                problems.append(f"{where}{key} is {type(d[key]).__name__}, expected "
-                                f"{'/'.join(t.__name__ for t in types)}")
+                problems.append(
+                    f"{where}{key} is {type(d[key]).__name__}, expected {'/'.join(t.__name__ for t in types)}"
+                )
 
     check(cfg, fields, "")
     if isinstance(cfg.get("mapping"), dict):

@@ -21,11 +21,11 @@ from typing import Any
 import torch
 
 from trtspec import __version__
-from trtspec.errors import UsageError
 from trtspec.convert.config import check_config
 from trtspec.convert.modes import CheckpointPlan, ConvertOptions, ExportMode, select_mode
 from trtspec.convert.writer import PlannedTensor, StreamingSafetensorsWriter, atomic_directory
 from trtspec.dtypes import DTYPES
+from trtspec.errors import UsageError
 from trtspec.spec import SpecModel
 
 log = logging.getLogger("trtspec")
@@ -70,11 +70,18 @@ class ConvertResult:
         return {p.role: (self.out / p.subdir if p.subdir else self.out) for p in self.plans}
 
     def summary(self) -> dict[str, Any]:
-        return {"kind": self.kind, "architecture": self.mode.architecture, "engine_mode": self.mode.engine_mode,
-                "tensors": self.tensors, "written_bytes": self.written_bytes, "source_bytes": self.source_bytes,
-                "largest_tensor_bytes": self.largest_tensor_bytes, "seconds": round(self.seconds, 3),
-                "peak_rss_bytes": self.peak_rss_bytes,
-                "files": [f.__dict__ for f in self.files]}
+        return {
+            "kind": self.kind,
+            "architecture": self.mode.architecture,
+            "engine_mode": self.mode.engine_mode,
+            "tensors": self.tensors,
+            "written_bytes": self.written_bytes,
+            "source_bytes": self.source_bytes,
+            "largest_tensor_bytes": self.largest_tensor_bytes,
+            "seconds": round(self.seconds, 3),
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "files": [f.__dict__ for f in self.files],
+        }
 
 
 def peak_rss_bytes() -> int:
@@ -113,14 +120,21 @@ def plan_conversion(spec: SpecModel, opts: ConvertOptions) -> tuple[ExportMode, 
     return mode, plans
 
 
-def _write_checkpoint(plan: CheckpointPlan, directory: Path, spec: SpecModel, mode: ExportMode,
-                      on_tensor: ProgressFn | None, result: ConvertResult) -> None:
+def _write_checkpoint(
+    plan: CheckpointPlan,
+    directory: Path,
+    spec: SpecModel,
+    mode: ExportMode,
+    on_tensor: ProgressFn | None,
+    result: ConvertResult,
+) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(plan.config, indent=4) + "\n")
     files = plan_files(plan)
     meta = {"format": "trtspec", "trtspec_version": __version__, "role": plan.role}
-    writers = {r: StreamingSafetensorsWriter(directory / f"rank{r}.safetensors", entries, meta)
-               for r, entries in files.items()}
+    writers = {
+        r: StreamingSafetensorsWriter(directory / f"rank{r}.safetensors", entries, meta) for r, entries in files.items()
+    }
     try:
         for job in plan.jobs.jobs:
             tensors = []
@@ -148,15 +162,28 @@ def _write_checkpoint(plan: CheckpointPlan, directory: Path, spec: SpecModel, mo
     for r, w in writers.items():
         rel = f"{plan.subdir}/{w.path.name}" if plan.subdir else w.path.name
         result.files.append(FileStats(plan.role, r, rel, len(files[r]), w.total_bytes))
-    (directory / META_FILE).write_text(json.dumps({
-        **meta, "kind": mode.kind, "engine_mode": plan.engine_mode, "max_draft_len": plan.max_draft_len,
-        "model_cls": plan.model_cls, "needs_plugin": mode.needs_plugin, "tree_choices": [list(c) for c in
-                                                                                       spec.tree.choices],
-        "source": {"target": str(spec.target.path), "target_fingerprint": spec.target.fingerprint,
-                   "drafter": str(spec.drafter.path) if spec.drafter else None,
-                   # reference-runtime only: the engine drafts over the full vocabulary (a superset, lossless)
-                   "draft_vocab_not_exported": _draft_vocab_size(spec)},
-    }, indent=2) + "\n")
+    (directory / META_FILE).write_text(
+        json.dumps(
+            {
+                **meta,
+                "kind": mode.kind,
+                "engine_mode": plan.engine_mode,
+                "max_draft_len": plan.max_draft_len,
+                "model_cls": plan.model_cls,
+                "needs_plugin": mode.needs_plugin,
+                "tree_choices": [list(c) for c in spec.tree.choices],
+                "source": {
+                    "target": str(spec.target.path),
+                    "target_fingerprint": spec.target.fingerprint,
+                    "drafter": str(spec.drafter.path) if spec.drafter else None,
+                    # reference-runtime only: the engine drafts over the full vocabulary (a superset, lossless)
+                    "draft_vocab_not_exported": _draft_vocab_size(spec),
+                },
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def _draft_vocab_size(spec: SpecModel) -> int | None:
@@ -174,15 +201,19 @@ def planned_totals(plans: list[CheckpointPlan]) -> tuple[int, int]:
     return n, b
 
 
-def convert_into(spec: SpecModel, directory: Path, opts: ConvertOptions,
-                 on_tensor: ProgressFn | None = None) -> ConvertResult:
+def convert_into(
+    spec: SpecModel, directory: Path, opts: ConvertOptions, on_tensor: ProgressFn | None = None
+) -> ConvertResult:
     """Write the checkpoint(s) into an existing (temporary) directory; the caller renames it."""
     mode, plans = plan_conversion(spec, opts)
     dropped = _draft_vocab_size(spec)
     if dropped:
-        log.warning("%s: the %d-token draft vocabulary is used by the reference runtime only; TensorRT-LLM drafts "
-                    "over the full vocabulary (same output, the drafter's lm_head is not reduced)",
-                    spec.drafter.path, dropped)
+        log.warning(
+            "%s: the %d-token draft vocabulary is used by the reference runtime only; TensorRT-LLM drafts "
+            "over the full vocabulary (same output, the drafter's lm_head is not reduced)",
+            spec.drafter.path,
+            dropped,
+        )
     result = ConvertResult(Path(directory), mode.kind, mode, plans)
     t0 = time.perf_counter()
     for plan in plans:
@@ -192,8 +223,13 @@ def convert_into(spec: SpecModel, directory: Path, opts: ConvertOptions,
     return result
 
 
-def convert(spec: SpecModel, out: str | Path, opts: ConvertOptions | None = None, overwrite: bool = False,
-            on_tensor: ProgressFn | None = None) -> ConvertResult:
+def convert(
+    spec: SpecModel,
+    out: str | Path,
+    opts: ConvertOptions | None = None,
+    overwrite: bool = False,
+    on_tensor: ProgressFn | None = None,
+) -> ConvertResult:
     """Write the TensorRT-LLM checkpoint(s) for ``spec`` to ``out`` (atomically)."""
     opts = opts or ConvertOptions(tp_size=spec.parallel.tp_size, pp_size=spec.parallel.pp_size)
     out = Path(out)

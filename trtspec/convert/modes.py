@@ -33,14 +33,13 @@ from typing import Any
 
 import torch
 
-from trtspec.errors import UsageError
 from trtspec.convert import names as N
 from trtspec.convert.config import EAGLE_MAX_DRAFT_LEN, HF_ARCH_NAMES, llama_config
-from trtspec.drafters import registry
 from trtspec.convert.shard import COLUMN, LM_HEAD, REPLICATE, STACK, Source, embedding_rule
-from trtspec.tree import build_tree
+from trtspec.drafters import registry
+from trtspec.errors import UsageError
 from trtspec.spec import LlamaArch, SpecModel
-
+from trtspec.tree import build_tree
 
 
 @dataclass
@@ -95,19 +94,24 @@ class ExportMode:
     def validate(self, spec: SpecModel, opts: ConvertOptions) -> None:
         arch = spec.target.arch
         if arch.model_type not in HF_ARCH_NAMES:
-            raise UsageError(f"convert writes Llama-family checkpoints (llama, mistral); {arch.model_type} maps to "
-                             "TensorRT-LLM's QWenForCausalLM, which trtspec does not write yet -- use the "
-                             "reference runtime (trtspec serve) for this target")
+            raise UsageError(
+                f"convert writes Llama-family checkpoints (llama, mistral); {arch.model_type} maps to "
+                "TensorRT-LLM's QWenForCausalLM, which trtspec does not write yet -- use the "
+                "reference runtime (trtspec serve) for this target"
+            )
         if opts.tp_size < 1 or opts.pp_size < 1:
             raise UsageError("--tp-size and --pp-size must be >= 1")
         if opts.pp_size > 1 and not self.allows_pp:
-            raise UsageError(f"pipeline parallelism is not available for {self.kind} engines "
-                             f"({self.pp_refusal}); use --pp-size 1 (and --tp-size for more GPUs)")
+            raise UsageError(
+                f"pipeline parallelism is not available for {self.kind} engines "
+                f"({self.pp_refusal}); use --pp-size 1 (and --tp-size for more GPUs)"
+            )
         if opts.pp_size > arch.num_hidden_layers:
             raise UsageError(f"--pp-size {opts.pp_size} exceeds the {arch.num_hidden_layers} target layers")
         if opts.tp_size > 1 and arch.num_attention_heads % opts.tp_size:
-            raise UsageError(f"num_attention_heads {arch.num_attention_heads} is not divisible by tp_size "
-                             f"{opts.tp_size}")
+            raise UsageError(
+                f"num_attention_heads {arch.num_attention_heads} is not divisible by tp_size {opts.tp_size}"
+            )
 
     def dtype(self, spec: SpecModel, opts: ConvertOptions) -> torch.dtype:
         dt = opts.dtype or spec.dtype
@@ -119,17 +123,36 @@ class ExportMode:
         return N.Mapping(opts.tp_size, opts.pp_size)
 
     def target_config(self, spec: SpecModel, opts: ConvertOptions, mapping: N.Mapping, architecture: str):
-        return llama_config(spec.target.arch, self.dtype(spec, opts), mapping, architecture,
-                            opts.parallel_embedding(), opts.embedding_sharding_dim)
+        return llama_config(
+            spec.target.arch,
+            self.dtype(spec, opts),
+            mapping,
+            architecture,
+            opts.parallel_embedding(),
+            opts.embedding_sharding_dim,
+        )
 
-    def target_jobs(self, spec: SpecModel, opts: ConvertOptions, mapping: N.Mapping,
-                    lm_head_names: tuple[str, ...] = (), embedding_names: tuple[str, ...] = ()) -> N.JobList:
+    def target_jobs(
+        self,
+        spec: SpecModel,
+        opts: ConvertOptions,
+        mapping: N.Mapping,
+        lm_head_names: tuple[str, ...] = (),
+        embedding_names: tuple[str, ...] = (),
+    ) -> N.JobList:
         """The target's jobs; extra names get the same shard (heads that share the lm_head / embedding)."""
         out = N.JobList(mapping, self.dtype(spec, opts))
         t = spec.target
-        N.llama_jobs(out, t.tensors, t.arch, t.lm_head_name,
-                     embedding_rule(opts.parallel_embedding(), opts.embedding_sharding_dim), "target",
-                     lm_head_names, embedding_names)
+        N.llama_jobs(
+            out,
+            t.tensors,
+            t.arch,
+            t.lm_head_name,
+            embedding_rule(opts.parallel_embedding(), opts.embedding_sharding_dim),
+            "target",
+            lm_head_names,
+            embedding_names,
+        )
         return out
 
     def draft_len(self, spec: SpecModel, opts: ConvertOptions) -> int:
@@ -158,16 +181,24 @@ class TargetOnly(ExportMode):
         self.validate(spec, opts)
         m = self.mapping(opts)
         arch_name = HF_ARCH_NAMES[spec.target.arch.model_type]
-        return [CheckpointPlan("", "target", self.target_config(spec, opts, m, arch_name),
-                               self.target_jobs(spec, opts, m), None)]
+        return [
+            CheckpointPlan(
+                "", "target", self.target_config(spec, opts, m, arch_name), self.target_jobs(spec, opts, m), None
+            )
+        ]
 
 
 class Medusa(ExportMode):
     def __init__(self, kind: str):
-        super().__init__(kind, "MedusaForCausalLM", "medusa", allows_pp=False,
-                         pp_refusal="TensorRT-LLM 1.2's MedusaForCausalLM creates the Medusa heads on every "
-                                    "pipeline stage, but their weights exist only on the last one, so the "
-                                    "engine of every other stage cannot load")
+        super().__init__(
+            kind,
+            "MedusaForCausalLM",
+            "medusa",
+            allows_pp=False,
+            pp_refusal="TensorRT-LLM 1.2's MedusaForCausalLM creates the Medusa heads on every "
+            "pipeline stage, but their weights exist only on the last one, so the "
+            "engine of every other stage cannot load",
+        )
 
     def extra_jobs(self, spec: SpecModel, out: N.JobList) -> None:
         """Hook for mtp-linear's norms."""
@@ -191,11 +222,19 @@ class Medusa(ExportMode):
         for k in range(K):
             for l in range(L):
                 for part in ("weight", "bias"):
-                    out.add([Source(d.tensors, f"heads.{k}.res.{l}.{part}")], COLUMN,
-                            out.on_stage(last, N.medusa_name(k, l, part)), "heads")
+                    out.add(
+                        [Source(d.tensors, f"heads.{k}.res.{l}.{part}")],
+                        COLUMN,
+                        out.on_stage(last, N.medusa_name(k, l, part)),
+                        "heads",
+                    )
             if all(own):
-                out.add([Source(d.tensors, f"heads.{k}.lm_head.weight")], LM_HEAD,
-                        out.on_stage(last, N.medusa_lm_head_name(k)), "heads")
+                out.add(
+                    [Source(d.tensors, f"heads.{k}.lm_head.weight")],
+                    LM_HEAD,
+                    out.on_stage(last, N.medusa_lm_head_name(k)),
+                    "heads",
+                )
         cfg = self.target_config(spec, opts, m, "MedusaForCausalLM")
         draft_len = self.draft_len(spec, opts)
         cfg.update(num_medusa_heads=K, num_medusa_layers=L, max_draft_len=draft_len, **self.extra_config(spec))
@@ -215,22 +254,30 @@ class MtpLinear(Medusa):
         if not all(n in d.tensors for n in norms):  # has_rmsnorm false: plain Medusa semantics
             self.needs_plugin, self.model_cls = False, None
             return
-        out.add([Source(d.tensors, n) for n in norms], STACK,
-                out.on_stage(out.mapping.pp_size - 1, N.RMSNORM_HEADS_NAME), "heads")
+        out.add(
+            [Source(d.tensors, n) for n in norms],
+            STACK,
+            out.on_stage(out.mapping.pp_size - 1, N.RMSNORM_HEADS_NAME),
+            "heads",
+        )
 
     def extra_config(self, spec: SpecModel) -> dict[str, Any]:
         """The heads' own RMSNorm epsilon (not the target's norm_epsilon, which the model class would
         otherwise read): the heads were trained with it."""
         if not self.needs_plugin:
             return {}
-        return {N.RMSNORM_HEADS_EPS_KEY: float(spec.drafter.config.get("rms_norm_eps",
-                                                                        spec.target.arch.rms_norm_eps))}
+        return {N.RMSNORM_HEADS_EPS_KEY: float(spec.drafter.config.get("rms_norm_eps", spec.target.arch.rms_norm_eps))}
 
 
 class Eagle(ExportMode):
     def __init__(self, kind: str):
-        super().__init__(kind, "EagleForCausalLM", "eagle", allows_pp=False,
-                         pp_refusal="TensorRT-LLM builds its drafter with tp = world size, pp = 1")
+        super().__init__(
+            kind,
+            "EagleForCausalLM",
+            "eagle",
+            allows_pp=False,
+            pp_refusal="TensorRT-LLM builds its drafter with tp = world size, pp = 1",
+        )
 
     def drafter_arch(self, spec: SpecModel) -> LlamaArch:
         a = spec.drafter.arch
@@ -268,27 +315,47 @@ class Eagle(ExportMode):
         m = self.mapping(opts)
         layers, non_leaves = self.tree_shape(spec)
         prefixes = tuple(N.eagle_prefix(i) for i in range(layers))
-        out = self.target_jobs(spec, opts, m,
-                               lm_head_names=tuple(f"{p}lm_head.weight" for p in prefixes),
-                               embedding_names=tuple(f"{p}drafter.vocab_embedding.weight" for p in prefixes))
+        out = self.target_jobs(
+            spec,
+            opts,
+            m,
+            lm_head_names=tuple(f"{p}lm_head.weight" for p in prefixes),
+            embedding_names=tuple(f"{p}drafter.vocab_embedding.weight" for p in prefixes),
+        )
         d, da = spec.drafter, self.drafter_arch(spec)
         fc_w, fc_b = self.fc_sources(spec)
         out.add([fc_w], COLUMN, out.on_all(tuple(f"{p}drafter.fc.weight" for p in prefixes)), "heads")
         out.add([fc_b], COLUMN, out.on_all(tuple(f"{p}drafter.fc.bias" for p in prefixes)), "heads")
-        N.decoder_layer_jobs(out, d.tensors, da, "layer.", tuple(f"{p}drafter.layers.0." for p in prefixes),
-                             out.on_all, "heads", skip=self.skip_layer_parts())
+        N.decoder_layer_jobs(
+            out,
+            d.tensors,
+            da,
+            "layer.",
+            tuple(f"{p}drafter.layers.0." for p in prefixes),
+            out.on_all,
+            "heads",
+            skip=self.skip_layer_parts(),
+        )
         self.extra_drafter_jobs(spec, out, prefixes)
         draft_len = self.draft_len(spec, opts)
         if draft_len > EAGLE_MAX_DRAFT_LEN:
-            raise UsageError(f"EAGLE engines allow at most {EAGLE_MAX_DRAFT_LEN} draft tokens, the tree has "
-                             f"{draft_len}; use a smaller tree")
+            raise UsageError(
+                f"EAGLE engines allow at most {EAGLE_MAX_DRAFT_LEN} draft tokens, the tree has "
+                f"{draft_len}; use a smaller tree"
+            )
         dtype = self.dtype(spec, opts)
         net_mapping = N.Mapping(m.world_size, 1)  # EagleForCausalLM builds its nets with tp = world size
-        net = llama_config(da, dtype, net_mapping, "LlamaForCausalLM", opts.parallel_embedding(),
-                           opts.embedding_sharding_dim)
+        net = llama_config(
+            da, dtype, net_mapping, "LlamaForCausalLM", opts.parallel_embedding(), opts.embedding_sharding_dim
+        )
         cfg = self.target_config(spec, opts, m, "EagleForCausalLM")
-        cfg.update(num_eagle_layers=layers, max_non_leaves_per_layer=non_leaves, max_draft_len=draft_len,
-                   eagle_net_config=net, **self.extra_config(spec))
+        cfg.update(
+            num_eagle_layers=layers,
+            max_non_leaves_per_layer=non_leaves,
+            max_draft_len=draft_len,
+            eagle_net_config=net,
+            **self.extra_config(spec),
+        )
         return [CheckpointPlan("", "target", cfg, out, "eagle", draft_len, self.model_cls)]
 
     def skip_layer_parts(self) -> tuple[str, ...]:
@@ -323,8 +390,7 @@ class MtpSingle(Eagle):
         d = spec.drafter
         for src, dst in ((src, f"{dst}.weight") for src, dst in self.NORMS):
             if src in d.tensors:
-                out.add([Source(d.tensors, src)], REPLICATE, out.on_all(tuple(f"{p}{dst}" for p in prefixes)),
-                        "heads")
+                out.add([Source(d.tensors, src)], REPLICATE, out.on_all(tuple(f"{p}{dst}" for p in prefixes)), "heads")
 
 
 class DraftModel(ExportMode):
@@ -338,22 +404,35 @@ class DraftModel(ExportMode):
             raise UsageError(f"{d.path}: the draft model must be Llama-family (llama, mistral)")
         m = self.mapping(opts)
         tgt_arch = HF_ARCH_NAMES[spec.target.arch.model_type]
-        target = CheckpointPlan("target", "target", self.target_config(spec, opts, m, tgt_arch),
-                                self.target_jobs(spec, opts, m), "draft_tokens_external", self.chain_len(spec, opts))
+        target = CheckpointPlan(
+            "target",
+            "target",
+            self.target_config(spec, opts, m, tgt_arch),
+            self.target_jobs(spec, opts, m),
+            "draft_tokens_external",
+            self.chain_len(spec, opts),
+        )
         dm = N.Mapping(opts.draft_tp_size or opts.tp_size, 1)
         dt = self.dtype(spec, opts)
         jobs = N.JobList(dm, dt)
         lm = "lm_head.weight" if "lm_head.weight" in d.tensors else "model.embed_tokens.weight"
-        N.llama_jobs(jobs, d.tensors, d.arch, lm, embedding_rule(opts.parallel_embedding(),
-                                                                    opts.embedding_sharding_dim), "draft")
-        dcfg = llama_config(d.arch, dt, dm, HF_ARCH_NAMES[d.arch.model_type], opts.parallel_embedding(),
-                            opts.embedding_sharding_dim)
+        N.llama_jobs(
+            jobs, d.tensors, d.arch, lm, embedding_rule(opts.parallel_embedding(), opts.embedding_sharding_dim), "draft"
+        )
+        dcfg = llama_config(
+            d.arch, dt, dm, HF_ARCH_NAMES[d.arch.model_type], opts.parallel_embedding(), opts.embedding_sharding_dim
+        )
         return [target, CheckpointPlan("draft", "draft", dcfg, jobs, None)]
 
 
 #: TensorRT-LLM checkpoint layouts (a kind's ``EngineRoute.layout``) -> the writer for it
-LAYOUTS = {"MedusaForCausalLM": Medusa, "MedusaForCausalLM+RmsNormHeads": MtpLinear, "EagleForCausalLM": Eagle,
-           "EagleForCausalLM+MtpNorms": MtpSingle, "draft_tokens_external": DraftModel}
+LAYOUTS = {
+    "MedusaForCausalLM": Medusa,
+    "MedusaForCausalLM+RmsNormHeads": MtpLinear,
+    "EagleForCausalLM": Eagle,
+    "EagleForCausalLM+MtpNorms": MtpSingle,
+    "draft_tokens_external": DraftModel,
+}
 
 
 def select_mode(spec: SpecModel) -> ExportMode:

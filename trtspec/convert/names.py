@@ -73,8 +73,14 @@ class JobList:
     dtype: torch.dtype
     jobs: list[Job] = field(default_factory=list)
 
-    def add(self, sources, rule: Rule, targets: dict[int, tuple[str, ...]] | dict[int, str], group: str,
-            dtype: torch.dtype | None = None) -> None:
+    def add(
+        self,
+        sources,
+        rule: Rule,
+        targets: dict[int, tuple[str, ...]] | dict[int, str],
+        group: str,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         tg = {r: (n,) if isinstance(n, str) else tuple(n) for r, n in targets.items()}
         self.jobs.append(Job(list(sources), rule, tg, dtype or self.dtype, self.mapping.tp_size, group))
 
@@ -87,9 +93,16 @@ class JobList:
         return {r: names for r in range(self.mapping.world_size)}
 
 
-def decoder_layer_jobs(out: JobList, store: TensorStore, arch: LlamaArch, src_prefix: str,
-                       dst_prefixes: tuple[str, ...], targets_of, group: str,
-                       skip: tuple[str, ...] = ()) -> None:
+def decoder_layer_jobs(
+    out: JobList,
+    store: TensorStore,
+    arch: LlamaArch,
+    src_prefix: str,
+    dst_prefixes: tuple[str, ...],
+    targets_of,
+    group: str,
+    skip: tuple[str, ...] = (),
+) -> None:
     """Jobs for one HF decoder layer at ``src_prefix`` written as ``{dst}{trt suffix}`` for each dst prefix.
 
     ``targets_of(names)`` returns the rank -> names dict (all ranks of one pp stage, or all ranks).
@@ -98,36 +111,58 @@ def decoder_layer_jobs(out: JobList, store: TensorStore, arch: LlamaArch, src_pr
     for kind in ("weight", "bias"):
         names = [f"{src_prefix}{p}.{kind}" for p in QKV_PARTS]
         if all(n in store for n in names):
-            out.add([Source(store, n) for n in names], qkv_rule,
-                    targets_of(tuple(f"{d}{QKV_NAME}.{kind}" for d in dst_prefixes)), group)
+            out.add(
+                [Source(store, n) for n in names],
+                qkv_rule,
+                targets_of(tuple(f"{d}{QKV_NAME}.{kind}" for d in dst_prefixes)),
+                group,
+            )
     for hf, (trt, rule) in LAYER_MAP.items():
         if hf in skip or f"{src_prefix}{hf}" not in store:
             continue
-        out.add([Source(store, f"{src_prefix}{hf}")], rule, targets_of(tuple(f"{d}{trt}" for d in dst_prefixes)),
-                group)
+        out.add([Source(store, f"{src_prefix}{hf}")], rule, targets_of(tuple(f"{d}{trt}" for d in dst_prefixes)), group)
 
 
-def llama_jobs(out: JobList, store: TensorStore, arch: LlamaArch, lm_head: str, embedding_rule: Rule,
-               group: str = "target", lm_head_names: tuple[str, ...] = (),
-               embedding_names: tuple[str, ...] = ()) -> None:
+def llama_jobs(
+    out: JobList,
+    store: TensorStore,
+    arch: LlamaArch,
+    lm_head: str,
+    embedding_rule: Rule,
+    group: str = "target",
+    lm_head_names: tuple[str, ...] = (),
+    embedding_names: tuple[str, ...] = (),
+) -> None:
     """A whole Llama-family causal LM (target, or a separate draft model) under TensorRT-LLM names.
 
     ``lm_head_names`` / ``embedding_names``: more names that get the same shard (Medusa heads and EAGLE
     nets carry copies of the target's lm_head / embedding), so the big tensor is read once.
     """
     m = out.mapping
-    out.add([Source(store, "model.embed_tokens.weight")], embedding_rule,
-            out.on_stage(0, ("transformer.vocab_embedding.weight", *embedding_names)), group)
+    out.add(
+        [Source(store, "model.embed_tokens.weight")],
+        embedding_rule,
+        out.on_stage(0, ("transformer.vocab_embedding.weight", *embedding_names)),
+        group,
+    )
     for pp in range(m.pp_size):
         for local, layer in enumerate(m.pp_layers(arch.num_hidden_layers, pp)):
-            decoder_layer_jobs(out, store, arch, f"model.layers.{layer}.", (f"transformer.layers.{local}.",),
-                               lambda names, pp=pp: out.on_stage(pp, names), group)
+            decoder_layer_jobs(
+                out,
+                store,
+                arch,
+                f"model.layers.{layer}.",
+                (f"transformer.layers.{local}.",),
+                lambda names, pp=pp: out.on_stage(pp, names),
+                group,
+            )
     last = m.pp_size - 1
     out.add([Source(store, "model.norm.weight")], REPLICATE, out.on_stage(last, "transformer.ln_f.weight"), group)
     out.add([Source(store, lm_head)], LM_HEAD, out.on_stage(last, ("lm_head.weight", *lm_head_names)), group)
 
 
 # Head names ------------------------------------------------------------------------------------
+
 
 def medusa_name(head: int, layer: int, part: str) -> str:
     return f"medusa_heads.{head}.medusa_layers.{layer}.linear.{part}"

@@ -29,8 +29,17 @@ class ConvertProgress:
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc="convert",
-                            file=file or sys.stderr, dynamic_ncols=True, leave=True, mininterval=0.2)
+            self.bar = tqdm(
+                total=total_bytes,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc="convert",
+                file=file or sys.stderr,
+                dynamic_ncols=True,
+                leave=True,
+                mininterval=0.2,
+            )
 
     def __call__(self, name: str, nbytes: int) -> None:
         self.done += 1
@@ -42,7 +51,7 @@ class ConvertProgress:
         if self.bar is not None:
             self.bar.close()
 
-    def __enter__(self) -> "ConvertProgress":
+    def __enter__(self) -> ConvertProgress:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -59,9 +68,11 @@ def summary_table(result: ConvertResult) -> str:
     fmt = lambda r: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     out = [fmt(rows[0]), line, *(fmt(r) for r in rows[1:]), line]
     secs = max(result.seconds, 1e-9)
-    out.append(f"{result.kind} -> {result.mode.architecture}"
-               f"{' (engine mode ' + result.mode.engine_mode + ')' if result.mode.engine_mode else ''}: "
-               f"{result.tensors} tensors, {human_bytes(result.written_bytes)} written in {result.seconds:.2f} s "
-               f"({result.written_bytes / secs / 1e6:.1f} MB/s); largest source tensor "
-               f"{human_bytes(result.largest_tensor_bytes)}, peak RSS {human_bytes(result.peak_rss_bytes)}")
+    out.append(
+        f"{result.kind} -> {result.mode.architecture}"
+        f"{' (engine mode ' + result.mode.engine_mode + ')' if result.mode.engine_mode else ''}: "
+        f"{result.tensors} tensors, {human_bytes(result.written_bytes)} written in {result.seconds:.2f} s "
+        f"({result.written_bytes / secs / 1e6:.1f} MB/s); largest source tensor "
+        f"{human_bytes(result.largest_tensor_bytes)}, peak RSS {human_bytes(result.peak_rss_bytes)}"
+    )
     return "\n".join(out)

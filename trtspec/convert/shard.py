@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trtspec.errors import UsageError
 from trtspec.checkpoint.tensors import TensorStore
+from trtspec.errors import UsageError
 
 
 def pad_vocab_size(vocab_size: int, tp_size: int) -> int:
@@ -28,6 +28,7 @@ def pad_vocab_size(vocab_size: int, tp_size: int) -> int:
 
 
 # Sources ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Source:
@@ -69,6 +70,7 @@ class Zeros:
 
 
 # Rules -----------------------------------------------------------------------------------------
+
 
 class Rule:
     """How one logical tensor (from one or more sources) becomes tp_size per-rank tensors."""
@@ -115,7 +117,9 @@ class Split(Rule):
         if self.pad:
             return pad_vocab_size(n, tp)
         if n % tp:
-            raise UsageError(f"dimension {n} is not divisible by tp_size {tp}",)
+            raise UsageError(
+                f"dimension {n} is not divisible by tp_size {tp}",
+            )
         return n
 
     def shapes(self, src, tp):
@@ -161,16 +165,17 @@ class QKV(Rule):
                 raise UsageError(f"num_key_value_heads {self.num_kv_heads} is not divisible by tp_size {tp}")
             return 1
         if tp % self.num_kv_heads:
-            raise UsageError(f"tp_size {tp} is not a multiple of num_key_value_heads {self.num_kv_heads} "
-                             "(KV heads can only be replicated a whole number of times)")
+            raise UsageError(
+                f"tp_size {tp} is not a multiple of num_key_value_heads {self.num_kv_heads} "
+                "(KV heads can only be replicated a whole number of times)"
+            )
         return tp // self.num_kv_heads
 
     def _dup(self, t: torch.Tensor, reps: int) -> torch.Tensor:
         if reps == 1:
             return t
         heads = t.reshape(self.num_kv_heads, self.head_dim, *t.shape[1:])
-        return heads.repeat_interleave(reps, dim=0).reshape(self.num_kv_heads * reps * self.head_dim,
-                                                             *t.shape[1:])
+        return heads.repeat_interleave(reps, dim=0).reshape(self.num_kv_heads * reps * self.head_dim, *t.shape[1:])
 
     def shapes(self, src, tp):
         reps = self.check(tp)

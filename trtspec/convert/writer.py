@@ -18,13 +18,20 @@ from typing import BinaryIO
 import torch
 
 from trtspec.fsutil import atomic_directory  # noqa: F401  (re-exported)
-from trtspec.errors import CheckpointError
 
 #: torch dtype -> (safetensors dtype string, bytes per element)
 ST_DTYPE = {
-    torch.float64: ("F64", 8), torch.float32: ("F32", 4), torch.float16: ("F16", 2), torch.bfloat16: ("BF16", 2),
-    torch.int64: ("I64", 8), torch.int32: ("I32", 4), torch.int16: ("I16", 2), torch.int8: ("I8", 1),
-    torch.uint8: ("U8", 1), torch.bool: ("BOOL", 1), torch.float8_e4m3fn: ("F8_E4M3", 1),
+    torch.float64: ("F64", 8),
+    torch.float32: ("F32", 4),
+    torch.float16: ("F16", 2),
+    torch.bfloat16: ("BF16", 2),
+    torch.int64: ("I64", 8),
+    torch.int32: ("I32", 4),
+    torch.int16: ("I16", 2),
+    torch.int8: ("I8", 1),
+    torch.uint8: ("U8", 1),
+    torch.bool: ("BOOL", 1),
+    torch.float8_e4m3fn: ("F8_E4M3", 1),
     torch.float8_e5m2: ("F8_E5M2", 1),
 }
 
@@ -66,8 +73,11 @@ class StreamingSafetensorsWriter:
             header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
         offset = 0
         for p in self.planned:
-            header[p.name] = {"dtype": ST_DTYPE[p.dtype][0], "shape": list(p.shape),
-                              "data_offsets": [offset, offset + p.nbytes]}
+            header[p.name] = {
+                "dtype": ST_DTYPE[p.dtype][0],
+                "shape": list(p.shape),
+                "data_offsets": [offset, offset + p.nbytes],
+            }
             offset += p.nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * ((-(8 + len(raw))) % self.ALIGN)
@@ -90,8 +100,10 @@ class StreamingSafetensorsWriter:
             raise RuntimeError(f"{self.path}: more tensors than planned (got {name!r})")
         p = self.planned[self._next]
         if name != p.name or tuple(tensor.shape) != p.shape or tensor.dtype != p.dtype:
-            raise RuntimeError(f"{self.path}: expected {p.name} {list(p.shape)} {p.dtype}, "
-                               f"got {name} {list(tensor.shape)} {tensor.dtype}")
+            raise RuntimeError(
+                f"{self.path}: expected {p.name} {list(p.shape)} {p.dtype}, "
+                f"got {name} {list(tensor.shape)} {tensor.dtype}"
+            )
         t = tensor.detach().contiguous()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -109,12 +121,11 @@ class StreamingSafetensorsWriter:
         self._fh = None
         if self._next != len(self.planned):
             missing = self.planned[self._next].name
-            raise RuntimeError(f"{self.path}: closed after {self._next}/{len(self.planned)} tensors "
-                               f"(next was {missing!r})")
+            raise RuntimeError(
+                f"{self.path}: closed after {self._next}/{len(self.planned)} tensors (next was {missing!r})"
+            )
 
     def abort(self) -> None:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
-
-

@@ -10,14 +10,30 @@ from pathlib import Path
 
 import torch
 
-TINY_DEFAULTS = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                     rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
-                     bos_token_id=1, eos_token_id=2)
+TINY_DEFAULTS = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
-def make_tiny_llama(out: str | Path, seed: int = 0, model_type: str = "llama", dtype: torch.dtype = torch.float32,
-                    max_shard_size: str | None = None, **overrides) -> Path:
+def make_tiny_llama(
+    out: str | Path,
+    seed: int = 0,
+    model_type: str = "llama",
+    dtype: torch.dtype = torch.float32,
+    max_shard_size: str | None = None,
+    **overrides,
+) -> Path:
     """Write a randomly initialised HF causal LM (llama, mistral, qwen2 or qwen3) to ``out``.
 
     Weights get a larger init than HF's default so that logits are well separated and greedy decoding
@@ -26,8 +42,12 @@ def make_tiny_llama(out: str | Path, seed: int = 0, model_type: str = "llama", d
     import transformers
 
     transformers.utils.logging.disable_progress_bar()
-    cfg_cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[model_type]
+    cfg_cls = {
+        "llama": transformers.LlamaConfig,
+        "mistral": transformers.MistralConfig,
+        "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+    }[model_type]
     kwargs = dict(TINY_DEFAULTS)
     kwargs.update(overrides)
     if model_type == "qwen3":

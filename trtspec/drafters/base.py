@@ -38,8 +38,13 @@ class Drafter(Protocol):
 
     def reset(self, batch: int, capacity: int) -> None: ...
 
-    def observe(self, hidden: list[torch.Tensor], aux: list[torch.Tensor] | None, tokens_in: list[torch.Tensor],
-                tokens_next: list[torch.Tensor]) -> None: ...
+    def observe(
+        self,
+        hidden: list[torch.Tensor],
+        aux: list[torch.Tensor] | None,
+        tokens_in: list[torch.Tensor],
+        tokens_next: list[torch.Tensor],
+    ) -> None: ...
 
     def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor: ...
 

@@ -23,27 +23,37 @@ NAME = "draft-model"
 
 
 def detect(facts: DirFacts) -> bool:
-    return (any(k.startswith("model.layers.") for k in facts.tensor_names)
-            or "model.safetensors.index.json" in facts.files)
+    return (
+        any(k.startswith("model.layers.") for k in facts.tensor_names) or "model.safetensors.index.json" in facts.files
+    )
 
 
 def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterSpec:
     draft = load_hf_causal_lm(path, allow_pickle=allow_pickle, role="draft model")
     if draft.arch.vocab_size != target.arch.vocab_size:
-        raise CheckpointError(f"vocab size mismatch: draft model has {draft.arch.vocab_size}, target has "
-                              f"{target.arch.vocab_size}", path / "config.json",
-                              "a draft model must share the target's tokenizer")
-    config = {"num_heads": 1, "hidden_size": draft.arch.hidden_size, "vocab_size": draft.arch.vocab_size,
-              "num_layers": draft.arch.num_hidden_layers, "fingerprint": draft.fingerprint}
-    return DrafterSpec(NAME, path, draft.tensors, config, arch=draft.arch, dtype=draft.dtype,
-                       tokenizer_path=draft.tokenizer_path)
+        raise CheckpointError(
+            f"vocab size mismatch: draft model has {draft.arch.vocab_size}, target has {target.arch.vocab_size}",
+            path / "config.json",
+            "a draft model must share the target's tokenizer",
+        )
+    config = {
+        "num_heads": 1,
+        "hidden_size": draft.arch.hidden_size,
+        "vocab_size": draft.arch.vocab_size,
+        "num_layers": draft.arch.num_hidden_layers,
+        "fingerprint": draft.fingerprint,
+    }
+    return DrafterSpec(
+        NAME, path, draft.tensors, config, arch=draft.arch, dtype=draft.dtype, tokenizer_path=draft.tokenizer_path
+    )
 
 
 def build(spec: DrafterSpec, target, dtype: torch.dtype) -> RecurrentDrafter:
     model = build_llama(spec.arch, spec.tensors, dtype)
     if spec.draft_vocab is not None:  # a new Parameter: a tied embedding keeps the full vocabulary
-        model.lm_head.weight = nn.Parameter(restrict_rows(model.lm_head.weight.detach(), spec.draft_vocab),
-                                            requires_grad=False)
+        model.lm_head.weight = nn.Parameter(
+            restrict_rows(model.lm_head.weight.detach(), spec.draft_vocab), requires_grad=False
+        )
     return RecurrentDrafter(model, None, None, draft_vocab=spec.draft_vocab)
 
 

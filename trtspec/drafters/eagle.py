@@ -45,8 +45,13 @@ def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterS
     for part, shape in layer_shapes(arch, H).items():
         expect_shape(store, f"layers.0.{part}", shape, path, "the EAGLE decoder layer")
         mapping[f"layer.{part}"] = f"layers.0.{part}"
-    config = {"num_heads": 1, "fc_bias": has_bias, "hidden_size": H, "vocab_size": arch.vocab_size,
-              "rms_norm_eps": arch.rms_norm_eps}
+    config = {
+        "num_heads": 1,
+        "fc_bias": has_bias,
+        "hidden_size": H,
+        "vocab_size": arch.vocab_size,
+        "rms_norm_eps": arch.rms_norm_eps,
+    }
     renamed = store.renamed(mapping)
     return DrafterSpec(NAME, path, renamed, config, arch=arch, dtype=single_dtype(renamed, path))
 
@@ -55,12 +60,20 @@ def new_module(target: TargetSpec, num_heads: int = 1, rmsnorm: bool = True) -> 
     return EagleHead(layer_arch(target.arch), fc_bias=True)
 
 
-def save(module: EagleHead, target: TargetSpec, out: str | Path, info: dict | None = None,
-         rmsnorm: bool = True, dtype: torch.dtype | None = None) -> Path:
+def save(
+    module: EagleHead,
+    target: TargetSpec,
+    out: str | Path,
+    info: dict | None = None,
+    rmsnorm: bool = True,
+    dtype: torch.dtype | None = None,
+) -> Path:
     dtype = dtype or target.dtype
     a = target.arch
-    extra = {"torch_dtype": str(dtype).removeprefix("torch."),
-             "trtspec_target": {"fingerprint": target.fingerprint, "model_type": a.model_type, "path": str(target.path)}}
+    extra = {
+        "torch_dtype": str(dtype).removeprefix("torch."),
+        "trtspec_target": {"fingerprint": target.fingerprint, "model_type": a.model_type, "path": str(target.path)},
+    }
     if info is not None:
         extra["trtspec_training"] = info
     return save_layout(Path(out), module_state(module, dtype), "layers.0.", eagle_config(target, bias=True, **extra))
@@ -76,8 +89,9 @@ KIND = DrafterKind(
     detect=detect,
     load=load,
     build=build,
-    make_demo=lambda target, out: save(demo_init(EagleHead(layer_arch(target.arch), fc_bias=True), 2), target, out,
-                                       dtype=torch.float32),
+    make_demo=lambda target, out: save(
+        demo_init(EagleHead(layer_arch(target.arch), fc_bias=True), 2), target, out, dtype=torch.float32
+    ),
     engine=EngineRoute(layout="EagleForCausalLM", mode="eagle", triton_decoding_mode="eagle"),
     training=TrainingRecipe("recurrent", new_module, save, feature_regression=True),
     formats=("eagle",),

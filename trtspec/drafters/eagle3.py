@@ -28,14 +28,18 @@ DEMO_DRAFT_VOCAB = 64
 
 def detect(facts: DirFacts) -> bool:
     archs = " ".join(facts.config.get("architectures") or [])
-    return ("Eagle3" in archs or "draft_vocab_size" in facts.config
-            or any(k.startswith("midlayer.") for k in facts.tensor_names))
+    return (
+        "Eagle3" in archs
+        or "draft_vocab_size" in facts.config
+        or any(k.startswith("midlayer.") for k in facts.tensor_names)
+    )
 
 
 def aux_layers(cfg: dict, num_target_layers: int) -> tuple[int, int, int]:
     """Target layers whose *input* residual stream feeds fc: (2, L//2, L-3) unless the config says."""
-    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") \
-        or cfg.get("eagle_aux_hidden_state_layer_ids")
+    ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or cfg.get(
+        "eagle_aux_hidden_state_layer_ids"
+    )
     L = num_target_layers
     if ids:
         if len(ids) != 3:
@@ -54,25 +58,40 @@ def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterS
     expect_shape(store, "fc.weight", (H, 3 * Ht), path, "EAGLE-3 fc (low, mid, high target features)")
     expect_shape(store, "lm_head.weight", (Vd, H), path, "EAGLE-3 draft lm_head")
     if H != Ht and "embed_tokens.weight" not in store:
-        raise CheckpointError(f"draft hidden {H} != target hidden {Ht} and no embed_tokens.weight", path,
-                              "export the draft embedding with the heads")
+        raise CheckpointError(
+            f"draft hidden {H} != target hidden {Ht} and no embed_tokens.weight",
+            path,
+            "export the draft embedding with the heads",
+        )
     mapping = {"fc.weight": "fc.weight", "lm_head.weight": "lm_head.weight", "norm.weight": "norm.weight"}
     expect_shape(store, "norm.weight", (H,), path, "EAGLE-3 final norm")
-    for part, shape in {**layer_shapes(arch, 2 * H), "hidden_norm.weight": (H,),
-                        "input_layernorm.weight": (H,)}.items():
+    for part, shape in {
+        **layer_shapes(arch, 2 * H),
+        "hidden_norm.weight": (H,),
+        "input_layernorm.weight": (H,),
+    }.items():
         expect_shape(store, f"midlayer.{part}", shape, path, "the EAGLE-3 midlayer")
         mapping[f"layer.{part}"] = f"midlayer.{part}"
     if Vd != target.arch.vocab_size:
         if "d2t" not in store:
-            raise CheckpointError(f"draft vocab {Vd} != target vocab {target.arch.vocab_size} and no d2t map", path,
-                                  "export d2t with the heads")
+            raise CheckpointError(
+                f"draft vocab {Vd} != target vocab {target.arch.vocab_size} and no d2t map",
+                path,
+                "export d2t with the heads",
+            )
         expect_shape(store, "d2t", (Vd,), path, "the draft-to-target vocab map")
         mapping["d2t"] = "d2t"
     if "embed_tokens.weight" in store:
         mapping["embed_tokens.weight"] = "embed_tokens.weight"
-    config = {"num_heads": 1, "hidden_size": H, "target_hidden_size": Ht, "draft_vocab_size": Vd,
-              "vocab_size": target.arch.vocab_size, "aux_layers": list(aux_layers(cfg, target.arch.num_hidden_layers)),
-              "rms_norm_eps": arch.rms_norm_eps}
+    config = {
+        "num_heads": 1,
+        "hidden_size": H,
+        "target_hidden_size": Ht,
+        "draft_vocab_size": Vd,
+        "vocab_size": target.arch.vocab_size,
+        "aux_layers": list(aux_layers(cfg, target.arch.num_hidden_layers)),
+        "rms_norm_eps": arch.rms_norm_eps,
+    }
     renamed = store.renamed(mapping)
     return DrafterSpec(NAME, path, renamed, config, arch=arch, dtype=single_dtype(renamed, path))
 
@@ -80,8 +99,9 @@ def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterS
 def build(spec: DrafterSpec, target, dtype: torch.dtype):
     cfg = spec.config
     module = Eagle3Head(spec.arch, int(cfg["target_hidden_size"]), int(cfg["draft_vocab_size"]))
-    return build_pair_drafter(spec, target, dtype, module, aux_layers=tuple(cfg.get("aux_layers", ())),
-                              id_map=lambda m: m.to_target_ids)
+    return build_pair_drafter(
+        spec, target, dtype, module, aux_layers=tuple(cfg.get("aux_layers", ())), id_map=lambda m: m.to_target_ids
+    )
 
 
 def make_demo(target: TargetSpec, out: Path) -> Path:
@@ -105,12 +125,15 @@ KIND = DrafterKind(
     load=load,
     build=build,
     make_demo=make_demo,
-    engine=EngineRoute(refusal=(
-        "EAGLE-3 heads have no TensorRT engine mode: TensorRT-LLM 1.2's trtllm-build offers "
-        "--speculative_decoding_mode {draft_tokens_external, lookahead_decoding, medusa, explicit_draft_tokens, "
-        "eagle} and its 'eagle' mode is EAGLE-1/2 only. Serve EAGLE-3 with TensorRT-LLM's PyTorch backend "
-        "(trtllm-serve / LLM API with an Eagle3 speculative config) or with trtspec's reference runtime "
-        "(trtspec serve), or use EAGLE-1/2, Medusa or mtp heads for an engine build")),
+    engine=EngineRoute(
+        refusal=(
+            "EAGLE-3 heads have no TensorRT engine mode: TensorRT-LLM 1.2's trtllm-build offers "
+            "--speculative_decoding_mode {draft_tokens_external, lookahead_decoding, medusa, explicit_draft_tokens, "
+            "eagle} and its 'eagle' mode is EAGLE-1/2 only. Serve EAGLE-3 with TensorRT-LLM's PyTorch backend "
+            "(trtllm-serve / LLM API with an Eagle3 speculative config) or with trtspec's reference runtime "
+            "(trtspec serve), or use EAGLE-1/2, Medusa or mtp heads for an engine build"
+        )
+    ),
     formats=("eagle3",),
     own_draft_vocab=True,
 )

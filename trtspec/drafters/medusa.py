@@ -45,8 +45,11 @@ def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterS
     for key in store:
         m = _KEY.match(key)
         if not m:
-            raise CheckpointError(f"unexpected tensor {key!r} in Medusa heads", where,
-                                  "expected FasterDecoding/Medusa keys like 0.0.linear.weight")
+            raise CheckpointError(
+                f"unexpected tensor {key!r} in Medusa heads",
+                where,
+                "expected FasterDecoding/Medusa keys like 0.0.linear.weight",
+            )
         h, layer, part = int(m.group(1)), int(m.group(2)), m.group(3)
         if part == "weight":
             lm_layer[h] = layer
@@ -81,9 +84,15 @@ def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterS
             meta = json.loads(cfg_file.read_text())
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"not valid JSON ({exc})", cfg_file) from None
-    config = {"num_heads": K, "num_layers": Lm, "has_rmsnorm": False, "own_lm_head": own_lm_head,
-              "hidden_size": H, "vocab_size": target.arch.vocab_size,
-              "base_model_name_or_path": meta.get("base_model_name_or_path")}
+    config = {
+        "num_heads": K,
+        "num_layers": Lm,
+        "has_rmsnorm": False,
+        "own_lm_head": own_lm_head,
+        "hidden_size": H,
+        "vocab_size": target.arch.vocab_size,
+        "base_model_name_or_path": meta.get("base_model_name_or_path"),
+    }
     return DrafterSpec(NAME, path, store.renamed(mapping), config, dtype=single_dtype(store, where))
 
 
@@ -92,8 +101,14 @@ def new_module(target: TargetSpec, num_heads: int = 3, rmsnorm: bool = True) -> 
     return LinearHeads(num_heads, a.hidden_size, a.vocab_size)
 
 
-def save(module: LinearHeads, target: TargetSpec, out: str | Path, info: dict | None = None,
-         rmsnorm: bool = True, dtype: torch.dtype | None = None) -> Path:
+def save(
+    module: LinearHeads,
+    target: TargetSpec,
+    out: str | Path,
+    info: dict | None = None,
+    rmsnorm: bool = True,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """FasterDecoding layout; heads without their own lm_head are Medusa "version 2" (reuse the base one)."""
     dtype = dtype or target.dtype
     state: dict[str, torch.Tensor] = {}
@@ -105,9 +120,14 @@ def save(module: LinearHeads, target: TargetSpec, out: str | Path, info: dict | 
         if own:
             state[f"{h}.{len(head.res)}.weight"] = head.lm_head.weight.detach().to(dtype).contiguous()
     a = target.arch
-    cfg = {"medusa_num_heads": len(module.heads), "medusa_num_layers": len(module.heads[0].res),
-           "base_model_name_or_path": str(target.path), "hidden_size": a.hidden_size, "vocab_size": a.vocab_size,
-           "trtspec_target": {"fingerprint": target.fingerprint, "model_type": a.model_type, "path": str(target.path)}}
+    cfg = {
+        "medusa_num_heads": len(module.heads),
+        "medusa_num_layers": len(module.heads[0].res),
+        "base_model_name_or_path": str(target.path),
+        "hidden_size": a.hidden_size,
+        "vocab_size": a.vocab_size,
+        "trtspec_target": {"fingerprint": target.fingerprint, "model_type": a.model_type, "path": str(target.path)},
+    }
     if not own:
         cfg["version"] = "2"
     if info is not None:

@@ -46,12 +46,26 @@ def new_module(target: TargetSpec, num_heads: int = 3, rmsnorm: bool = True) -> 
     return LinearHeads(num_heads, a.hidden_size, a.vocab_size, has_norm=rmsnorm, eps=a.rms_norm_eps)
 
 
-def save(module: LinearHeads, target: TargetSpec, out: str | Path, info: dict | None = None,
-         rmsnorm: bool = True, dtype: torch.dtype | None = None) -> Path:
+def save(
+    module: LinearHeads,
+    target: TargetSpec,
+    out: str | Path,
+    info: dict | None = None,
+    rmsnorm: bool = True,
+    dtype: torch.dtype | None = None,
+) -> Path:
     extra = {"training": info} if info is not None else {}
-    return save_trtspec_heads(Path(out), NAME, module_state(module, dtype or target.dtype), target,
-                              num_heads=len(module.heads), num_layers=len(module.heads[0].res), has_rmsnorm=rmsnorm,
-                              rms_norm_eps=target.arch.rms_norm_eps, **extra)
+    return save_trtspec_heads(
+        Path(out),
+        NAME,
+        module_state(module, dtype or target.dtype),
+        target,
+        num_heads=len(module.heads),
+        num_layers=len(module.heads[0].res),
+        has_rmsnorm=rmsnorm,
+        rms_norm_eps=target.arch.rms_norm_eps,
+        **extra,
+    )
 
 
 def make_demo(target: TargetSpec, out: Path) -> Path:
@@ -65,8 +79,9 @@ KIND = DrafterKind(
     summary="linear MTP heads: RMSNorm -> ResBlock -> shared lm_head per head (Medusa-shaped)",
     detect=lambda facts: declared_kind(facts.trtspec_meta) == NAME,
     load=load,
-    build=lambda spec, target, dtype: build_heads_drafter(spec, target, dtype,
-                                                          has_norm=bool(spec.config.get("has_rmsnorm", True))),
+    build=lambda spec, target, dtype: build_heads_drafter(
+        spec, target, dtype, has_norm=bool(spec.config.get("has_rmsnorm", True))
+    ),
     make_demo=make_demo,
     engine=EngineRoute(layout="MedusaForCausalLM+RmsNormHeads", mode="medusa", triton_decoding_mode="medusa"),
     training=TrainingRecipe("heads", new_module, save, uses_rmsnorm_switch=True, uses_num_heads=True),

@@ -27,21 +27,32 @@ def shapes(meta: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     H = int(meta["hidden_size"])
     inter, d = int(meta["intermediate_size"]), int(meta["head_dim"])
     q, kv = int(meta["num_attention_heads"]) * d, int(meta["num_key_value_heads"]) * d
-    out = {"eh_proj.weight": (H, 2 * H), "layer.input_layernorm.weight": (H,),
-           "layer.post_attention_layernorm.weight": (H,), "layer.self_attn.q_proj.weight": (q, H),
-           "layer.self_attn.k_proj.weight": (kv, H), "layer.self_attn.v_proj.weight": (kv, H),
-           "layer.self_attn.o_proj.weight": (H, q), "layer.mlp.gate_proj.weight": (inter, H),
-           "layer.mlp.up_proj.weight": (inter, H), "layer.mlp.down_proj.weight": (H, inter)}
+    out = {
+        "eh_proj.weight": (H, 2 * H),
+        "layer.input_layernorm.weight": (H,),
+        "layer.post_attention_layernorm.weight": (H,),
+        "layer.self_attn.q_proj.weight": (q, H),
+        "layer.self_attn.k_proj.weight": (kv, H),
+        "layer.self_attn.v_proj.weight": (kv, H),
+        "layer.self_attn.o_proj.weight": (H, q),
+        "layer.mlp.gate_proj.weight": (inter, H),
+        "layer.mlp.up_proj.weight": (inter, H),
+        "layer.mlp.down_proj.weight": (H, inter),
+    }
     if bool(meta.get("has_rmsnorm", True)):
         out.update({"enorm.weight": (H,), "hnorm.weight": (H,), "norm.weight": (H,)})
     return out
 
 
 def arch(meta: dict[str, Any], target: TargetSpec) -> LlamaArch:
-    return layer_arch(target.arch, intermediate_size=int(meta["intermediate_size"]),
-                      num_attention_heads=int(meta["num_attention_heads"]),
-                      num_key_value_heads=int(meta["num_key_value_heads"]), head_dim=int(meta["head_dim"]),
-                      rms_norm_eps=float(meta.get("rms_norm_eps", target.arch.rms_norm_eps)))
+    return layer_arch(
+        target.arch,
+        intermediate_size=int(meta["intermediate_size"]),
+        num_attention_heads=int(meta["num_attention_heads"]),
+        num_key_value_heads=int(meta["num_key_value_heads"]),
+        head_dim=int(meta["head_dim"]),
+        rms_norm_eps=float(meta.get("rms_norm_eps", target.arch.rms_norm_eps)),
+    )
 
 
 def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterSpec:
@@ -52,14 +63,31 @@ def new_module(target: TargetSpec, num_heads: int = 1, rmsnorm: bool = True) -> 
     return MtpSingleHead(layer_arch(target.arch), has_rmsnorm=rmsnorm)
 
 
-def save(module: MtpSingleHead, target: TargetSpec, out: str | Path, info: dict | None = None,
-         rmsnorm: bool = True, dtype: torch.dtype | None = None) -> Path:
+def save(
+    module: MtpSingleHead,
+    target: TargetSpec,
+    out: str | Path,
+    info: dict | None = None,
+    rmsnorm: bool = True,
+    dtype: torch.dtype | None = None,
+) -> Path:
     a = module.arch
     extra = {"training": info} if info is not None else {}
-    return save_trtspec_heads(Path(out), NAME, module_state(module, dtype or target.dtype), target, num_heads=1,
-                              num_layers=1, has_rmsnorm=rmsnorm, rms_norm_eps=target.arch.rms_norm_eps,
-                              intermediate_size=a.intermediate_size, num_attention_heads=a.num_attention_heads,
-                              num_key_value_heads=a.num_key_value_heads, head_dim=a.head_dim, **extra)
+    return save_trtspec_heads(
+        Path(out),
+        NAME,
+        module_state(module, dtype or target.dtype),
+        target,
+        num_heads=1,
+        num_layers=1,
+        has_rmsnorm=rmsnorm,
+        rms_norm_eps=target.arch.rms_norm_eps,
+        intermediate_size=a.intermediate_size,
+        num_attention_heads=a.num_attention_heads,
+        num_key_value_heads=a.num_key_value_heads,
+        head_dim=a.head_dim,
+        **extra,
+    )
 
 
 def build(spec: DrafterSpec, target, dtype: torch.dtype):
@@ -73,8 +101,9 @@ KIND = DrafterKind(
     detect=lambda facts: declared_kind(facts.trtspec_meta) == NAME,
     load=load,
     build=build,
-    make_demo=lambda target, out: save(demo_init(MtpSingleHead(layer_arch(target.arch)), 4), target, out,
-                                       dtype=torch.float32),
+    make_demo=lambda target, out: save(
+        demo_init(MtpSingleHead(layer_arch(target.arch)), 4), target, out, dtype=torch.float32
+    ),
     engine=EngineRoute(layout="EagleForCausalLM+MtpNorms", mode="eagle", triton_decoding_mode="eagle"),
     training=TrainingRecipe("recurrent", new_module, save, uses_rmsnorm_switch=True),
     formats=("trtspec-heads",),

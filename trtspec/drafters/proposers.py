@@ -24,7 +24,9 @@ from trtspec.spec import DrafterSpec
 from trtspec.tree import TreeBuffers
 
 
-def load_module(module: nn.Module, drafter: DrafterSpec, dtype: torch.dtype, optional: tuple[str, ...] = ()) -> nn.Module:
+def load_module(
+    module: nn.Module, drafter: DrafterSpec, dtype: torch.dtype, optional: tuple[str, ...] = ()
+) -> nn.Module:
     """Fill a head module from the drafter's canonical tensors (names = parameter names)."""
     state = {n: drafter.tensors.load(n) for n in drafter.tensors if n != "embed_tokens.weight"}
     missing, unexpected = module.load_state_dict(state, strict=False)
@@ -45,8 +47,7 @@ def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return out, valid
 
 
-def _fill_depth(tokens: torch.Tensor, tree: TreeBuffers, depth: int, parent_logits: torch.Tensor,
-                id_map=None) -> None:
+def _fill_depth(tokens: torch.Tensor, tree: TreeBuffers, depth: int, parent_logits: torch.Tensor, id_map=None) -> None:
     """Write the tokens of every node at ``depth``: rank r of its parent's top-k.
     parent_logits [B, N+1, V] indexed by parent node (or [B, V] shared by all parents)."""
     nodes = tree.nodes_at_depth(depth)
@@ -102,7 +103,9 @@ class HeadsDrafter(ModelDrafter):
         tokens = torch.zeros(root.shape[0], tree.size, dtype=torch.long)
         tokens[:, 0] = root
         for d in range(1, tree.max_depth + 1):  # only the heads the tree reaches
-            _fill_depth(tokens, tree, d, self.heads.heads[d - 1](self.last_hidden, self.projection).float(), self.id_map)
+            _fill_depth(
+                tokens, tree, d, self.heads.heads[d - 1](self.last_hidden, self.projection).float(), self.id_map
+            )
         return tokens
 
 
@@ -111,8 +114,15 @@ class RecurrentDrafter(ModelDrafter):
 
     ``id_map`` turns the module's output ids into target ids (a draft vocabulary's rows, EAGLE-3's d2t)."""
 
-    def __init__(self, module: nn.Module, embed: nn.Embedding | None, lm_head: torch.Tensor | None,
-                 aux_layers: tuple[int, ...] = (), draft_vocab: torch.Tensor | None = None, id_map=None):
+    def __init__(
+        self,
+        module: nn.Module,
+        embed: nn.Embedding | None,
+        lm_head: torch.Tensor | None,
+        aux_layers: tuple[int, ...] = (),
+        draft_vocab: torch.Tensor | None = None,
+        id_map=None,
+    ):
         self.module, self.embed, self.lm_head = module, embed, lm_head
         self.projection = lm_head
         self.aux_layers, self.draft_vocab = aux_layers, draft_vocab
@@ -127,12 +137,18 @@ class RecurrentDrafter(ModelDrafter):
         self.last_out: torch.Tensor | None = None
         self.last_logits: torch.Tensor | None = None
 
-    def _step(self, tokens: torch.Tensor, features: torch.Tensor | None, new_mask: torch.Tensor,
-              depth_offset: torch.Tensor | None = None) -> torch.Tensor:
+    def _step(
+        self,
+        tokens: torch.Tensor,
+        features: torch.Tensor | None,
+        new_mask: torch.Tensor,
+        depth_offset: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Run the drafter on new tokens (not committed); returns its outputs [B, T, H]."""
         T = tokens.shape[1]
-        positions = self.cache.lengths[:, None] + (depth_offset[None, :] if depth_offset is not None
-                                                   else torch.arange(T)[None, :])
+        positions = self.cache.lengths[:, None] + (
+            depth_offset[None, :] if depth_offset is not None else torch.arange(T)[None, :]
+        )
         if self.is_draft_model:
             hidden, _ = self.module(tokens, positions, self.cache, new_mask)
             return hidden
@@ -183,10 +199,10 @@ class RecurrentDrafter(ModelDrafter):
             M = tree.count_up_to_depth(d - 1)  # nodes 1..M (sorted by depth)
             nodes = torch.arange(1, M + 1)
             parent_feats = feats[:, tree.parents[nodes]] if feats is not None else None
-            mask = tree.mask[1:M + 1, 1:M + 1][None]
+            mask = tree.mask[1 : M + 1, 1 : M + 1][None]
             out = self._step(tokens[:, nodes], parent_feats, mask, depth_offset=tree.depths[nodes] - 1)
             if feats is not None:
-                feats[:, 1:M + 1] = out
+                feats[:, 1 : M + 1] = out
             expand = [n for n in tree.nodes_at_depth(d - 1) if tree.children(n)]
             logits = self._logits(out[:, torch.tensor(expand) - 1])
             full = logits.new_full((B, N1, logits.shape[-1]), float("-inf"))
@@ -203,9 +219,15 @@ def restrict_rows(weight: torch.Tensor, draft_vocab: torch.Tensor | None) -> tor
 def build_heads_drafter(drafter: DrafterSpec, target: LlamaModel, dtype: torch.dtype, has_norm: bool) -> HeadsDrafter:
     """Medusa-scheme heads (``heads.{k}.res.{l}.*``, optional norms and own lm_heads) on the target."""
     cfg, dv = drafter.config, drafter.draft_vocab
-    heads = LinearHeads(int(cfg["num_heads"]), int(cfg["hidden_size"]), target.arch.vocab_size,
-                        int(cfg.get("num_layers", 1)), has_norm=has_norm, eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                        own_lm_head=bool(cfg.get("own_lm_head", False)))
+    heads = LinearHeads(
+        int(cfg["num_heads"]),
+        int(cfg["hidden_size"]),
+        target.arch.vocab_size,
+        int(cfg.get("num_layers", 1)),
+        has_norm=has_norm,
+        eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        own_lm_head=bool(cfg.get("own_lm_head", False)),
+    )
     heads = load_module(heads, drafter, dtype)
     for head in heads.heads:
         if head.lm_head is not None and dv is not None:
@@ -213,13 +235,25 @@ def build_heads_drafter(drafter: DrafterSpec, target: LlamaModel, dtype: torch.d
     return HeadsDrafter(heads, restrict_rows(target.lm_head.weight.detach(), dv), dv)
 
 
-def build_pair_drafter(drafter: DrafterSpec, target: LlamaModel, dtype: torch.dtype, module: nn.Module,
-                       aux_layers: tuple[int, ...] = (), id_map=None) -> RecurrentDrafter:
+def build_pair_drafter(
+    drafter: DrafterSpec,
+    target: LlamaModel,
+    dtype: torch.dtype,
+    module: nn.Module,
+    aux_layers: tuple[int, ...] = (),
+    id_map=None,
+) -> RecurrentDrafter:
     """A one-layer pair head (EAGLE-style) on the target's embedding (or its own) and lm_head."""
     module = load_module(module, drafter, dtype, optional=("d2t",))
     embed = target.embed_tokens
     if "embed_tokens.weight" in drafter.tensors:
         embed = nn.Embedding.from_pretrained(drafter.tensors.load("embed_tokens.weight").to(dtype))
     lm_head = restrict_rows(target.lm_head.weight.detach(), drafter.draft_vocab)
-    return RecurrentDrafter(module, embed, lm_head, aux_layers, draft_vocab=drafter.draft_vocab,
-                            id_map=id_map(module) if id_map is not None else None)
+    return RecurrentDrafter(
+        module,
+        embed,
+        lm_head,
+        aux_layers,
+        draft_vocab=drafter.draft_vocab,
+        id_map=id_map(module) if id_map is not None else None,
+    )

@@ -61,12 +61,20 @@ def dir_facts(path: Path) -> DirFacts:
     if not path.exists():
         raise CheckpointError("heads not found", path)
     directory = path if path.is_dir() else path.parent
-    weights = [path] if path.is_file() and path.suffix == ".safetensors" else sorted(
-        f for f in directory.glob("*.safetensors") if f.name != DRAFT_VOCAB_FILE)
+    weights = (
+        [path]
+        if path.is_file() and path.suffix == ".safetensors"
+        else sorted(f for f in directory.glob("*.safetensors") if f.name != DRAFT_VOCAB_FILE)
+    )
     names_in_file = tuple(read_safetensors_header(weights[0])) if weights else ()
-    return DirFacts(path=path, directory=directory, trtspec_meta=_read_json(directory / META_FILE),
-                    config=_read_json(directory / "config.json") or {}, tensor_names=names_in_file,
-                    files=tuple(sorted(f.name for f in directory.iterdir())))
+    return DirFacts(
+        path=path,
+        directory=directory,
+        trtspec_meta=_read_json(directory / META_FILE),
+        config=_read_json(directory / "config.json") or {},
+        tensor_names=names_in_file,
+        files=tuple(sorted(f.name for f in directory.iterdir())),
+    )
 
 
 def detect(path: str | Path) -> str:
@@ -77,8 +85,11 @@ def detect(path: str | Path) -> str:
         if kind.detect(facts):
             return kind.name
     if facts.trtspec_meta is not None:
-        raise CheckpointError(f"unknown heads kind {facts.trtspec_meta.get('kind')!r}", facts.directory / META_FILE,
-                              f"expected one of {', '.join(KINDS)}")
+        raise CheckpointError(
+            f"unknown heads kind {facts.trtspec_meta.get('kind')!r}",
+            facts.directory / META_FILE,
+            f"expected one of {', '.join(KINDS)}",
+        )
     raise CheckpointError("unknown heads format", path, f"pass --heads-format with one of {', '.join(KINDS)}")
 
 

@@ -35,10 +35,14 @@ def declared_kind(meta: dict[str, Any] | None) -> str | None:
     return meta.get("kind")
 
 
-def load_trtspec_heads(path: Path, target: TargetSpec, kind: str, allow_pickle: bool,
-                       shapes: Callable[[dict[str, Any]], dict[str, tuple[int, ...]]],
-                       arch: Callable[[dict[str, Any], TargetSpec], LlamaArch | None] = lambda meta, target: None,
-                       ) -> DrafterSpec:
+def load_trtspec_heads(
+    path: Path,
+    target: TargetSpec,
+    kind: str,
+    allow_pickle: bool,
+    shapes: Callable[[dict[str, Any]], dict[str, tuple[int, ...]]],
+    arch: Callable[[dict[str, Any], TargetSpec], LlamaArch | None] = lambda meta, target: None,
+) -> DrafterSpec:
     """Read and validate heads of ``kind`` in this format: every tensor ``shapes(meta)`` implies must be
     there with that shape; the target fingerprint is compared (a warning: fine-tuned variants differ)."""
     directory = path if path.is_dir() else path.parent
@@ -60,8 +64,13 @@ def load_trtspec_heads(path: Path, target: TargetSpec, kind: str, allow_pickle: 
         expect_shape(store, name, shape, directory / WEIGHTS_FILE, f"{kind} metadata")
     fp = (meta.get("target") or {}).get("fingerprint")
     if fp and fp != target.fingerprint:
-        log.warning("%s: heads were trained on a target with fingerprint %s, this target is %s "
-                    "(fine for a fine-tuned variant; expect lower acceptance otherwise)", meta_path, fp, target.fingerprint)
+        log.warning(
+            "%s: heads were trained on a target with fingerprint %s, this target is %s "
+            "(fine for a fine-tuned variant; expect lower acceptance otherwise)",
+            meta_path,
+            fp,
+            target.fingerprint,
+        )
     config = {k: v for k, v in meta.items() if k not in ("format", "version", "kind")}
     config.setdefault("rms_norm_eps", target.arch.rms_norm_eps)
     config.setdefault("num_layers", 1)
@@ -71,11 +80,19 @@ def load_trtspec_heads(path: Path, target: TargetSpec, kind: str, allow_pickle: 
 def save_trtspec_heads(out: Path, kind: str, tensors: dict, target: TargetSpec, **meta_fields: Any) -> Path:
     """Write heads in this format; atomic via a temp dir renamed at the end."""
     with atomic_directory(Path(out), overwrite=True) as tmp:
-        meta = {"format": "trtspec-heads", "version": 1, "kind": kind,
-                "hidden_size": target.arch.hidden_size, "vocab_size": target.arch.vocab_size,
-                **meta_fields,
-                "target": {"fingerprint": target.fingerprint, "model_type": target.arch.model_type,
-                           "path": str(target.path)}}
+        meta = {
+            "format": "trtspec-heads",
+            "version": 1,
+            "kind": kind,
+            "hidden_size": target.arch.hidden_size,
+            "vocab_size": target.arch.vocab_size,
+            **meta_fields,
+            "target": {
+                "fingerprint": target.fingerprint,
+                "model_type": target.arch.model_type,
+                "path": str(target.path),
+            },
+        }
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / WEIGHTS_FILE))
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return Path(out)

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from trtspec import __version__
-from trtspec.errors import UsageError
 from trtspec.convert.core import ConvertResult, ProgressFn, convert_into, plan_conversion
 from trtspec.convert.modes import ConvertOptions
 from trtspec.convert.writer import atomic_directory
 from trtspec.engine import trtllm
 from trtspec.engine.plan import MODEL_CLS_FILE, PLUGIN_LIBRARY_NAME, BuildPlan, EngineBuild
+from trtspec.errors import UsageError
 from trtspec.spec import SpecModel
 
 MODELS_SOURCE = Path(__file__).with_name("trtllm_models.py")
@@ -54,26 +54,46 @@ class BuildResult:
 def convert_options(options: dict[str, Any]) -> ConvertOptions:
     from trtspec.convert.core import dtype_from_name
 
-    return ConvertOptions(tp_size=options["tp_size"], pp_size=options["pp_size"],
-                          dtype=dtype_from_name(options.get("dtype")),
-                          use_parallel_embedding=options.get("use_parallel_embedding"),
-                          embedding_sharding_dim=options.get("embedding_sharding_dim", 0),
-                          max_draft_len=options.get("max_draft_len"), draft_tp_size=options.get("draft_tp_size"))
+    return ConvertOptions(
+        tp_size=options["tp_size"],
+        pp_size=options["pp_size"],
+        dtype=dtype_from_name(options.get("dtype")),
+        use_parallel_embedding=options.get("use_parallel_embedding"),
+        embedding_sharding_dim=options.get("embedding_sharding_dim", 0),
+        max_draft_len=options.get("max_draft_len"),
+        draft_tp_size=options.get("draft_tp_size"),
+    )
 
 
 def make_plan(result: ConvertResult, options: dict[str, Any], plugin_library: str) -> BuildPlan:
     engines = []
     for p in result.plans:
         ckpt = f"checkpoint/{p.subdir}" if p.subdir else "checkpoint"
-        engines.append(EngineBuild(
-            name=p.role, checkpoint_dir=ckpt, output_dir=f"engines/{p.role}", world_size=p.world_size,
-            speculative_decoding_mode=p.engine_mode, max_draft_len=p.max_draft_len,
-            max_batch_size=options["max_batch_size"], max_input_len=options["max_input_len"],
-            max_seq_len=options["max_seq_len"], max_num_tokens=options.get("max_num_tokens"),
-            gemm_plugin=p.config["dtype"], use_paged_context_fmha=True,
-            gpus_per_node=options.get("gpus_per_node", 8), model_cls_name=p.model_cls))
-    return BuildPlan(result.kind, engines, result.mode.needs_plugin, plugin_library,
-                     options={k: v for k, v in options.items() if k != "description"})
+        engines.append(
+            EngineBuild(
+                name=p.role,
+                checkpoint_dir=ckpt,
+                output_dir=f"engines/{p.role}",
+                world_size=p.world_size,
+                speculative_decoding_mode=p.engine_mode,
+                max_draft_len=p.max_draft_len,
+                max_batch_size=options["max_batch_size"],
+                max_input_len=options["max_input_len"],
+                max_seq_len=options["max_seq_len"],
+                max_num_tokens=options.get("max_num_tokens"),
+                gemm_plugin=p.config["dtype"],
+                use_paged_context_fmha=True,
+                gpus_per_node=options.get("gpus_per_node", 8),
+                model_cls_name=p.model_cls,
+            )
+        )
+    return BuildPlan(
+        result.kind,
+        engines,
+        result.mode.needs_plugin,
+        plugin_library,
+        options={k: v for k, v in options.items() if k != "description"},
+    )
 
 
 def locate_plugin_library(build_if_missing: bool) -> tuple[str, str]:
@@ -91,7 +111,8 @@ def locate_plugin_library(build_if_missing: bool) -> tuple[str, str]:
         raise UsageError(f"the TensorRT plugin library could not be built ({res.trt_status}); see {res.log}")
     return f"plugins/{PLUGIN_LIBRARY_NAME}", (
         f"plugin library not built here (no TensorRT); on the GPU machine run `trtspec plugins build` and copy "
-        f"{PLUGIN_LIBRARY_NAME} to plugins/ next to build_engines.sh, or set TRTSPEC_PLUGIN_LIBRARY")
+        f"{PLUGIN_LIBRARY_NAME} to plugins/ next to build_engines.sh, or set TRTSPEC_PLUGIN_LIBRARY"
+    )
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -106,8 +127,13 @@ def file_entries(paths: list[Path], root: Path | None = None) -> list[dict[str, 
     out = []
     for p in sorted(paths):
         if p.is_file():
-            out.append({"path": str(p.relative_to(root)) if root else str(p), "bytes": p.stat().st_size,
-                        "sha256": sha256_file(p)})
+            out.append(
+                {
+                    "path": str(p.relative_to(root)) if root else str(p),
+                    "bytes": p.stat().st_size,
+                    "sha256": sha256_file(p),
+                }
+            )
     return out
 
 
@@ -131,8 +157,9 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def emit_triton(spec: SpecModel, root: Path, final_root: Path, options: dict[str, Any], plan: BuildPlan,
-                notes: list[str]) -> Path | None:
+def emit_triton(
+    spec: SpecModel, root: Path, final_root: Path, options: dict[str, Any], plan: BuildPlan, notes: list[str]
+) -> Path | None:
     """The Triton repository via trtspec.triton.emit, when that module exists (it is another package's job)."""
     if importlib.util.find_spec("trtspec.triton") is None or importlib.util.find_spec("trtspec.triton.emit") is None:
         notes.append("Triton repository skipped: trtspec.triton.emit is not available in this install")
@@ -141,8 +168,11 @@ def emit_triton(spec: SpecModel, root: Path, final_root: Path, options: dict[str
 
     target = next(e for e in plan.engines if e.name == "target")
     # The emitter derives decoding_mode, medusa/eagle choices and max_draft_len from the spec itself.
-    tr_opts = {"max_batch_size": options["max_batch_size"], "max_seq_len": options["max_seq_len"],
-               "decoupled_mode": bool(options.get("decoupled", True))}
+    tr_opts = {
+        "max_batch_size": options["max_batch_size"],
+        "max_seq_len": options["max_seq_len"],
+        "decoupled_mode": bool(options.get("decoupled", True)),
+    }
     runtime = options.get("runtime", "trtllm")
     if runtime == "trtllm":
         tr_opts["kv_cache_free_gpu_mem_fraction"] = options["kv_cache_free_gpu_mem_fraction"]
@@ -151,8 +181,10 @@ def emit_triton(spec: SpecModel, root: Path, final_root: Path, options: dict[str
         lib = Path(plan.plugin_library) if plan.plugin_library.startswith("/") else root / plan.plugin_library
         if not lib.is_file():
             # still tell the server to preload it (by name): the engines cannot load without its creators
-            notes.append(f"Triton repository written without the plugin library (not built here); copy "
-                         f"{PLUGIN_LIBRARY_NAME} to triton_repo/tensorrt_llm/1/plugins/ before serving")
+            notes.append(
+                f"Triton repository written without the plugin library (not built here); copy "
+                f"{PLUGIN_LIBRARY_NAME} to triton_repo/tensorrt_llm/1/plugins/ before serving"
+            )
             tr_opts["plugin_library_name"] = lib.name
             lib = None
     # the engines' path as the server will see it: the final directory, not the temporary one
@@ -167,14 +199,23 @@ def check_can_build(allow_no_gpu: bool) -> tuple[bool, str]:
     Called before any work so that a refused build prints nothing but the one error line."""
     can_build, why = trtllm.available()
     if not can_build and not allow_no_gpu:
-        raise UsageError(f"cannot build engines here ({why}); pass --allow-no-gpu to write the checkpoint, the "
-                         "build plan and build_engines.sh for a GPU machine with TensorRT-LLM 1.2.x")
+        raise UsageError(
+            f"cannot build engines here ({why}); pass --allow-no-gpu to write the checkpoint, the "
+            "build plan and build_engines.sh for a GPU machine with TensorRT-LLM 1.2.x"
+        )
     return can_build, why
 
 
-def run_build(spec: SpecModel, out: str | Path, options: dict[str, Any], allow_no_gpu: bool = False,
-              overwrite: bool = False, on_tensor: ProgressFn | None = None, argv: list[str] | None = None,
-              inputs: dict[str, Path | None] | None = None) -> BuildResult:
+def run_build(
+    spec: SpecModel,
+    out: str | Path,
+    options: dict[str, Any],
+    allow_no_gpu: bool = False,
+    overwrite: bool = False,
+    on_tensor: ProgressFn | None = None,
+    argv: list[str] | None = None,
+    inputs: dict[str, Path | None] | None = None,
+) -> BuildResult:
     out = Path(out)
     opts = convert_options(options)
     mode, _ = plan_conversion(spec, opts)  # validate: refuses EAGLE-3, bad TP/PP, unsupported targets
@@ -199,23 +240,33 @@ def run_build(spec: SpecModel, out: str | Path, options: dict[str, Any], allow_n
         status = "engines-built" if engine_dirs else "checkpoint-only"
         ckpt_files = [p for p in (tmp / "checkpoint").rglob("*") if p.is_file()]
         manifest = {
-            "format": "trtspec-build", "version": 1, "status": status,
+            "format": "trtspec-build",
+            "version": 1,
+            "status": status,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "command": argv if argv is not None else sys.argv,
             "spec": spec.describe(),
-            "inputs": {"target": input_entries(spec.target.path),
-                       "heads": input_entries(spec.drafter.path) if spec.drafter else None,
-                       **({k: str(v) for k, v in (inputs or {}).items() if v is not None})},
+            "inputs": {
+                "target": input_entries(spec.target.path),
+                "heads": input_entries(spec.drafter.path) if spec.drafter else None,
+                **({k: str(v) for k, v in (inputs or {}).items() if v is not None}),
+            },
             "versions": versions(),
             "options": {k: v for k, v in options.items()},
-            "mode": {"kind": conv.kind, "architecture": conv.mode.architecture,
-                     "engine_mode": conv.mode.engine_mode, "needs_plugin": conv.mode.needs_plugin,
-                     "plugin_library": plugin_library if conv.mode.needs_plugin else None,
-                     "plugin": {"creator": "TrtspecRmsNormHeads", "version": "1", "namespace": "trtspec"}
-                     if conv.mode.needs_plugin else None},
+            "mode": {
+                "kind": conv.kind,
+                "architecture": conv.mode.architecture,
+                "engine_mode": conv.mode.engine_mode,
+                "needs_plugin": conv.mode.needs_plugin,
+                "plugin_library": plugin_library if conv.mode.needs_plugin else None,
+                "plugin": {"creator": "TrtspecRmsNormHeads", "version": "1", "namespace": "trtspec"}
+                if conv.mode.needs_plugin
+                else None,
+            },
             "outputs": {
                 "checkpoint": file_entries(ckpt_files, tmp),
-                "plan": "plan.json", "build_script": "build_engines.sh",
+                "plan": "plan.json",
+                "build_script": "build_engines.sh",
                 "engines": file_entries([p for d in engine_dirs for p in d.rglob("*") if p.is_file()], tmp),
                 "triton_repository": "triton_repo" if repo is not None else None,
             },
@@ -228,6 +279,8 @@ def run_build(spec: SpecModel, out: str | Path, options: dict[str, Any], allow_n
     if status == "engines-built":
         message = f"engines built under {out / 'engines'} ({why}); manifest at {out / 'manifest.json'}"
     else:
-        message = (f"no engines built here ({why}): wrote {out / 'checkpoint'}, {out / 'plan.json'} and "
-                   f"{out / 'build_engines.sh'} -- run that script on a GPU machine with TensorRT-LLM 1.2.x")
+        message = (
+            f"no engines built here ({why}): wrote {out / 'checkpoint'}, {out / 'plan.json'} and "
+            f"{out / 'build_engines.sh'} -- run that script on a GPU machine with TensorRT-LLM 1.2.x"
+        )
     return BuildResult(out, status, message, conv, plan, out / "triton_repo" if repo else None, notes)

@@ -25,26 +25,79 @@ from typing import Any
 from trtspec import __version__
 
 #: Every flag trtllm-build 1.2 accepts that trtspec may emit (checked by the tests against this list).
-TRTLLM_BUILD_FLAGS = frozenset({
-    # tensorrt_llm/commands/build.py
-    "--checkpoint_dir", "--model_config", "--build_config", "--model_cls_file", "--model_cls_name", "--output_dir",
-    "--max_batch_size", "--max_input_len", "--max_seq_len", "--max_beam_width", "--max_num_tokens",
-    "--opt_num_tokens", "--max_encoder_input_len", "--max_prompt_embedding_table_size", "--kv_cache_type",
-    "--input_timing_cache", "--output_timing_cache", "--profiling_verbosity", "--strip_plan", "--weight_sparsity",
-    "--weight_streaming", "--fast_build", "--workers", "--log_level", "--enable_debug_output",
-    "--visualize_network", "--dry_run", "--monitor_memory", "--logits_dtype", "--gather_context_logits",
-    "--gather_generation_logits", "--gather_all_token_logits", "--lora_dir", "--lora_ckpt_source",
-    "--lora_target_modules", "--max_lora_rank", "--speculative_decoding_mode", "--max_draft_len",
-    # (1.2 has no --auto_parallel / --gpus_per_node / --cluster_key: auto parallel was removed before 1.0)
-    # tensorrt_llm/plugin/plugin.py cli_plugin_args
-    "--bert_attention_plugin", "--gpt_attention_plugin", "--gemm_plugin", "--gemm_swiglu_plugin",
-    "--fp8_rowwise_gemm_plugin", "--lora_plugin", "--dora_plugin", "--moe_plugin", "--mamba_conv1d_plugin",
-    "--nccl_plugin", "--low_latency_gemm_plugin", "--low_latency_gemm_swiglu_plugin", "--gemm_allreduce_plugin",
-    "--context_fmha", "--bert_context_fmha_fp32_acc", "--remove_input_padding", "--tokens_per_block",
-    "--use_paged_context_fmha", "--use_fp8_context_fmha", "--fuse_fp4_quant", "--multiple_profiles",
-    "--paged_state", "--streamingllm", "--norm_quant_fusion", "--reduce_fusion", "--user_buffer",
-    "--use_fused_mlp", "--pp_reduce_scatter",
-})
+TRTLLM_BUILD_FLAGS = frozenset(
+    {
+        # tensorrt_llm/commands/build.py
+        "--checkpoint_dir",
+        "--model_config",
+        "--build_config",
+        "--model_cls_file",
+        "--model_cls_name",
+        "--output_dir",
+        "--max_batch_size",
+        "--max_input_len",
+        "--max_seq_len",
+        "--max_beam_width",
+        "--max_num_tokens",
+        "--opt_num_tokens",
+        "--max_encoder_input_len",
+        "--max_prompt_embedding_table_size",
+        "--kv_cache_type",
+        "--input_timing_cache",
+        "--output_timing_cache",
+        "--profiling_verbosity",
+        "--strip_plan",
+        "--weight_sparsity",
+        "--weight_streaming",
+        "--fast_build",
+        "--workers",
+        "--log_level",
+        "--enable_debug_output",
+        "--visualize_network",
+        "--dry_run",
+        "--monitor_memory",
+        "--logits_dtype",
+        "--gather_context_logits",
+        "--gather_generation_logits",
+        "--gather_all_token_logits",
+        "--lora_dir",
+        "--lora_ckpt_source",
+        "--lora_target_modules",
+        "--max_lora_rank",
+        "--speculative_decoding_mode",
+        "--max_draft_len",
+        # (1.2 has no --auto_parallel / --gpus_per_node / --cluster_key: auto parallel was removed before 1.0)
+        # tensorrt_llm/plugin/plugin.py cli_plugin_args
+        "--bert_attention_plugin",
+        "--gpt_attention_plugin",
+        "--gemm_plugin",
+        "--gemm_swiglu_plugin",
+        "--fp8_rowwise_gemm_plugin",
+        "--lora_plugin",
+        "--dora_plugin",
+        "--moe_plugin",
+        "--mamba_conv1d_plugin",
+        "--nccl_plugin",
+        "--low_latency_gemm_plugin",
+        "--low_latency_gemm_swiglu_plugin",
+        "--gemm_allreduce_plugin",
+        "--context_fmha",
+        "--bert_context_fmha_fp32_acc",
+        "--remove_input_padding",
+        "--tokens_per_block",
+        "--use_paged_context_fmha",
+        "--use_fp8_context_fmha",
+        "--fuse_fp4_quant",
+        "--multiple_profiles",
+        "--paged_state",
+        "--streamingllm",
+        "--norm_quant_fusion",
+        "--reduce_fusion",
+        "--user_buffer",
+        "--use_fused_mlp",
+        "--pp_reduce_scatter",
+    }
+)
 SPEC_MODES = ("draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle")
 PLUGIN_LIBRARY_NAME = "libtrtspec_plugins.so"
 MODEL_CLS_FILE = "model_cls/trtspec_trtllm_models.py"
@@ -80,16 +133,33 @@ class EngineBuild:
 
     def argv(self, root: str = "$HERE") -> list[str]:
         """The trtllm-build arguments; ``root`` prefixes the relative paths (the script's own dir)."""
-        a = ["--checkpoint_dir", f"{root}/{self.checkpoint_dir}", "--output_dir", f"{root}/{self.output_dir}",
-             "--max_batch_size", str(self.max_batch_size), "--max_input_len", str(self.max_input_len),
-             "--max_seq_len", str(self.max_seq_len)]
+        a = [
+            "--checkpoint_dir",
+            f"{root}/{self.checkpoint_dir}",
+            "--output_dir",
+            f"{root}/{self.output_dir}",
+            "--max_batch_size",
+            str(self.max_batch_size),
+            "--max_input_len",
+            str(self.max_input_len),
+            "--max_seq_len",
+            str(self.max_seq_len),
+        ]
         if self.max_num_tokens:
             a += ["--max_num_tokens", str(self.max_num_tokens)]
-        a += ["--gemm_plugin", self.gemm_plugin,
-              "--use_paged_context_fmha", "enable" if self.use_paged_context_fmha else "disable"]
+        a += [
+            "--gemm_plugin",
+            self.gemm_plugin,
+            "--use_paged_context_fmha",
+            "enable" if self.use_paged_context_fmha else "disable",
+        ]
         if self.speculative_decoding_mode:
-            a += ["--speculative_decoding_mode", self.speculative_decoding_mode,
-                  "--max_draft_len", str(self.max_draft_len)]
+            a += [
+                "--speculative_decoding_mode",
+                self.speculative_decoding_mode,
+                "--max_draft_len",
+                str(self.max_draft_len),
+            ]
         if self.model_cls_name:
             a += ["--model_cls_file", f"{root}/{MODEL_CLS_FILE}", "--model_cls_name", self.model_cls_name]
         a += ["--workers", str(self.workers()), "--log_level", "info"]
@@ -167,9 +237,12 @@ def render_script(plan: BuildPlan) -> str:
                 pairs.append(_quote(args[i]))
                 i += 1
         rendered = " \\\n    ".join(pairs)
-        lines += ["", f"# {e.name} engine: {e.world_size} rank(s)"
-                  f"{', mode ' + e.speculative_decoding_mode if e.speculative_decoding_mode else ''}",
-                  f"trtllm-build \\\n    {rendered}"]
+        lines += [
+            "",
+            f"# {e.name} engine: {e.world_size} rank(s)"
+            f"{', mode ' + e.speculative_decoding_mode if e.speculative_decoding_mode else ''}",
+            f"trtllm-build \\\n    {rendered}",
+        ]
     lines += ["", 'echo "engines written under $HERE/engines"', ""]
     return "\n".join(lines)
 

@@ -16,7 +16,9 @@ from trtspec.errors import UsageError
 
 _CHECKOUT_PRESETS = Path(__file__).resolve().parents[2] / "build_configs"
 #: the checkout's build_configs/, else the copy a wheel installs under <prefix>/share/trtspec/
-PRESET_DIR = _CHECKOUT_PRESETS if _CHECKOUT_PRESETS.is_dir() else Path(sys.prefix) / "share" / "trtspec" / "build_configs"
+PRESET_DIR = (
+    _CHECKOUT_PRESETS if _CHECKOUT_PRESETS.is_dir() else Path(sys.prefix) / "share" / "trtspec" / "build_configs"
+)
 
 #: key -> (types, default, help). None default = "derive it" (from the model, the tree, or the GPU).
 KEYS: dict[str, tuple[tuple[type, ...], Any, str]] = {

@@ -16,8 +16,8 @@ import importlib.util
 import os
 from pathlib import Path
 
-from trtspec.errors import UsageError
 from trtspec.engine.plan import MODEL_CLS_FILE, TRTLLM_VERSION_PREFIX, BuildPlan, EngineBuild
+from trtspec.errors import UsageError
 
 
 def available() -> tuple[bool, str]:
@@ -64,8 +64,9 @@ def _plugin_config(engine: EngineBuild):
     parser = argparse.ArgumentParser()
     add_plugin_argument(parser)
     argv = engine.argv("")
-    plugin_flags = {a for a in argv if a.startswith("--")} & {a.option_strings[0] for a in parser._actions
-                                                             if a.option_strings}
+    plugin_flags = {a for a in argv if a.startswith("--")} & {
+        a.option_strings[0] for a in parser._actions if a.option_strings
+    }
     picked: list[str] = []
     for i, a in enumerate(argv):
         if a in plugin_flags:
@@ -109,12 +110,15 @@ def build_engines(plan: BuildPlan, root: Path, log_level: str = "info") -> list[
         mode = SpeculativeDecodingMode.NONE
         if engine.speculative_decoding_mode:
             mode = SpeculativeDecodingMode.from_arguments(
-                argparse.Namespace(speculative_decoding_mode=engine.speculative_decoding_mode))
+                argparse.Namespace(speculative_decoding_mode=engine.speculative_decoding_mode)
+            )
         fields = {
-            "max_input_len": engine.max_input_len, "max_seq_len": engine.max_seq_len,
+            "max_input_len": engine.max_input_len,
+            "max_seq_len": engine.max_seq_len,
             "max_batch_size": engine.max_batch_size,
             "max_draft_len": engine.max_draft_len if engine.speculative_decoding_mode else 0,
-            "speculative_decoding_mode": mode, "strongly_typed": True,
+            "speculative_decoding_mode": mode,
+            "strongly_typed": True,
         }
         if engine.max_num_tokens:
             fields["max_num_tokens"] = engine.max_num_tokens

@@ -30,7 +30,6 @@ import os
 
 import numpy as np
 import tensorrt as trt
-
 from tensorrt_llm._common import default_net, default_trtnet
 from tensorrt_llm.functional import Tensor, _create_tensor, cast, concat, gather_last_token_logits, select, split
 from tensorrt_llm.layers import ColumnLinear, RmsNorm
@@ -57,12 +56,16 @@ def rmsnorm_heads(x: Tensor, weight: Tensor, num_heads: int, eps: float) -> Tens
     registry = trt.get_plugin_registry()
     creator = registry.get_creator(PLUGIN_CREATOR, PLUGIN_VERSION, PLUGIN_NAMESPACE)
     if creator is None:
-        raise RuntimeError(f"TensorRT plugin {PLUGIN_NAMESPACE}::{PLUGIN_CREATOR} v{PLUGIN_VERSION} not registered; "
-                           "set TRTSPEC_PLUGIN_LIBRARY to libtrtspec_plugins.so")
-    fields = trt.PluginFieldCollection([  # K comes from the weight's shape
-        trt.PluginField("eps", np.array([eps], np.float32), trt.PluginFieldType.FLOAT32),
-        trt.PluginField("layout", np.array([LAYOUT_HEAD_MAJOR], np.int32), trt.PluginFieldType.INT32),
-    ])
+        raise RuntimeError(
+            f"TensorRT plugin {PLUGIN_NAMESPACE}::{PLUGIN_CREATOR} v{PLUGIN_VERSION} not registered; "
+            "set TRTSPEC_PLUGIN_LIBRARY to libtrtspec_plugins.so"
+        )
+    fields = trt.PluginFieldCollection(
+        [  # K comes from the weight's shape
+            trt.PluginField("eps", np.array([eps], np.float32), trt.PluginFieldType.FLOAT32),
+            trt.PluginField("layout", np.array([LAYOUT_HEAD_MAJOR], np.int32), trt.PluginFieldType.INT32),
+        ]
+    )
     plugin = creator.create_plugin("trtspec_rmsnorm_heads", fields, trt.TensorRTPhase.BUILD)
     layer = default_trtnet().add_plugin_v3([x.trt_tensor, weight.trt_tensor], [], plugin)
     return _create_tensor(layer.get_output(0), layer)
@@ -103,9 +106,14 @@ class TrtspecMtpLinearForCausalLM(MedusaForCausalLm):
         inner.medusa_rmsnorm_heads = norms
         heads = []
         for k in range(config.num_medusa_heads):
-            head = NormedMedusaHead(num_layers=config.num_medusa_layers, hidden_size=config.hidden_size,
-                                    vocab_size=inner.medusa_heads[k].lm_head.out_features * config.mapping.tp_size,
-                                    hidden_act=config.hidden_act, dtype=config.dtype, mapping=config.mapping)
+            head = NormedMedusaHead(
+                num_layers=config.num_medusa_layers,
+                hidden_size=config.hidden_size,
+                vocab_size=inner.medusa_heads[k].lm_head.out_features * config.mapping.tp_size,
+                hidden_act=config.hidden_act,
+                dtype=config.dtype,
+                mapping=config.mapping,
+            )
             object.__setattr__(head, "_norms", norms)  # not registered twice as a parameter owner
             object.__setattr__(head, "_index", k)
             heads.append(head)
@@ -121,8 +129,15 @@ class NormedInputFc(ColumnLinear):
     anything attached to the old one; ``fc`` is a ColumnLinear that no optimization pass replaces."""
 
     def __init__(self, hidden_size: int, enorm: RmsNorm, config):
-        super().__init__(2 * hidden_size, hidden_size, bias=True, dtype=config.dtype,
-                         tp_group=config.mapping.tp_group, tp_size=config.mapping.tp_size, gather_output=True)
+        super().__init__(
+            2 * hidden_size,
+            hidden_size,
+            bias=True,
+            dtype=config.dtype,
+            tp_group=config.mapping.tp_group,
+            tp_size=config.mapping.tp_size,
+            gather_output=True,
+        )
         self._hidden = hidden_size
         object.__setattr__(self, "_enorm", enorm)  # owned (and named) by MtpNet: eagle_nets.{i}.enorm.weight
 
@@ -140,22 +155,37 @@ class MtpNet(EagleNet):
         self._logits_dtype = logits_dtype
         self._norms = tuple(norms)
         for name in self._norms:
-            setattr(self, name, RmsNorm(normalized_shape=config.hidden_size, eps=config.norm_epsilon,
-                                        dtype=config.dtype))
+            setattr(
+                self, name, RmsNorm(normalized_shape=config.hidden_size, eps=config.norm_epsilon, dtype=config.dtype)
+            )
         if "enorm" in self._norms:
             self.drafter.fc = NormedInputFc(config.hidden_size, self.enorm, config)
 
-    def forward(self, input_ids, position_ids=None, hidden_states=None, last_token_indices=None,
-                spec_decoding_params=None, kv_cache_params=None, attention_params=None):
+    def forward(
+        self,
+        input_ids,
+        position_ids=None,
+        hidden_states=None,
+        last_token_indices=None,
+        spec_decoding_params=None,
+        kv_cache_params=None,
+        attention_params=None,
+    ):
         if "hnorm" in self._norms:
             hidden_states = self.hnorm(hidden_states)
-        hidden_states, cache = self.drafter(input_ids, position_ids=position_ids, use_cache=True,
-                                            spec_decoding_params=spec_decoding_params,
-                                            kv_cache_params=kv_cache_params, attention_params=attention_params,
-                                            hidden_states_for_embed=hidden_states)
+        hidden_states, cache = self.drafter(
+            input_ids,
+            position_ids=position_ids,
+            use_cache=True,
+            spec_decoding_params=spec_decoding_params,
+            kv_cache_params=kv_cache_params,
+            attention_params=attention_params,
+            hidden_states_for_embed=hidden_states,
+        )
         if self.config.mapping.is_last_pp_rank():
-            hidden_states = gather_last_token_logits(hidden_states, last_token_indices,
-                                                     default_net().plugin_config.remove_input_padding)
+            hidden_states = gather_last_token_logits(
+                hidden_states, last_token_indices, default_net().plugin_config.remove_input_padding
+            )
             normed = self.final_norm(hidden_states) if "final_norm" in self._norms else hidden_states
             return cast(self.lm_head(normed), self._logits_dtype), hidden_states, cache
         return None, hidden_states, cache
@@ -166,5 +196,6 @@ class TrtspecMtpSingleForCausalLM(EagleForCausalLM):
         super().__init__(config)
         net_config = config.eagle_net_config
         norms = tuple(getattr(config, MTP_NORMS_KEY, ("enorm", "hnorm", "final_norm")))
-        self.eagle_nets = ModuleList([MtpNet(net_config, config.logits_dtype, norms)
-                                      for _ in range(self.num_eagle_layers)])
+        self.eagle_nets = ModuleList(
+            [MtpNet(net_config, config.logits_dtype, norms) for _ in range(self.num_eagle_layers)]
+        )

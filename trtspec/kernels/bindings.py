@@ -42,12 +42,18 @@ _SIGNATURES = {
     "trtspec_kernels_abi_version": (ctypes.c_int, []),
     "trtspec_status_string": (ctypes.c_char_p, [ctypes.c_int]),
     "trtspec_last_cuda_error": (ctypes.c_char_p, []),
-    "trtspec_rmsnorm_heads": (ctypes.c_int, [_p, _i64, _p, _i64, _p, _i64, _i64, _i32, _i32, _i32, _f32,
-                                             ctypes.c_int, _p]),
-    "trtspec_rmsnorm_heads_layout": (ctypes.c_int, [_p, _p, _p, _i32, _i32, _i32, _f32, ctypes.c_int,
-                                                    ctypes.c_int, _p]),
-    "trtspec_tree_verify": (ctypes.c_int, [ctypes.c_int, _p, _i32, _i32, _p, _i32, _i32, _p, _p, ctypes.c_int,
-                                           _i32, _p, _p, _i32, _p, _p, _p, _p, _p]),
+    "trtspec_rmsnorm_heads": (
+        ctypes.c_int,
+        [_p, _i64, _p, _i64, _p, _i64, _i64, _i32, _i32, _i32, _f32, ctypes.c_int, _p],
+    ),
+    "trtspec_rmsnorm_heads_layout": (
+        ctypes.c_int,
+        [_p, _p, _p, _i32, _i32, _i32, _f32, ctypes.c_int, ctypes.c_int, _p],
+    ),
+    "trtspec_tree_verify": (
+        ctypes.c_int,
+        [ctypes.c_int, _p, _i32, _i32, _p, _i32, _i32, _p, _p, ctypes.c_int, _i32, _p, _p, _i32, _p, _p, _p, _p, _p],
+    ),
 }
 
 
@@ -57,13 +63,16 @@ class KernelLibrary:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not self.path.is_file():
-            raise UsageError(f"{self.path}: kernel library not found",
-                             fix="build it with `trtspec plugins build` (or set TRTSPEC_KERNELS_LIB)")
+            raise UsageError(
+                f"{self.path}: kernel library not found",
+                fix="build it with `trtspec plugins build` (or set TRTSPEC_KERNELS_LIB)",
+            )
         try:
             self.lib = ctypes.CDLL(str(self.path))
         except OSError as exc:
-            raise UsageError(f"{self.path}: cannot load the kernel library: {exc}",
-                             fix="rebuild it with `trtspec plugins build`") from None
+            raise UsageError(
+                f"{self.path}: cannot load the kernel library: {exc}", fix="rebuild it with `trtspec plugins build`"
+            ) from None
         for name, (restype, argtypes) in _SIGNATURES.items():
             try:
                 fn = getattr(self.lib, name)
@@ -74,8 +83,10 @@ class KernelLibrary:
         self.host_emulation = hasattr(self.lib, "trtspec_kernels_host_emulation")
         version = self.lib.trtspec_kernels_abi_version()
         if version != ABI_VERSION:
-            raise UsageError(f"{self.path}: kernel ABI version {version}, this trtspec expects {ABI_VERSION}",
-                             fix="rebuild with `trtspec plugins build`")
+            raise UsageError(
+                f"{self.path}: kernel ABI version {version}, this trtspec expects {ABI_VERSION}",
+                fix="rebuild with `trtspec plugins build`",
+            )
 
     def status_string(self, status: int) -> str:
         return self.lib.trtspec_status_string(status).decode()
@@ -127,13 +138,16 @@ def _require_device(name: str, lib: KernelLibrary | None, *tensors: torch.Tensor
     if device.type == "cpu" and lib is not None and lib.host_emulation:
         return device
     if device.type != "cuda":
-        raise UsageError(f"{name}: the kernels run on CUDA tensors, got {device}",
-                         fix="move the tensors with .cuda() (the CPU reference is trtspec.kernels.reference)")
+        raise UsageError(
+            f"{name}: the kernels run on CUDA tensors, got {device}",
+            fix="move the tensors with .cuda() (the CPU reference is trtspec.kernels.reference)",
+        )
     return device
 
 
-def rmsnorm_heads_call_args(hidden: torch.Tensor, weights: torch.Tensor, eps: float, layout: str,
-                            out: torch.Tensor) -> tuple:
+def rmsnorm_heads_call_args(
+    hidden: torch.Tensor, weights: torch.Tensor, eps: float, layout: str, out: torch.Tensor
+) -> tuple:
     """The argument tuple of trtspec_rmsnorm_heads_layout (no stream); split out so it is checkable."""
     k, h = weights.shape
     t = hidden.numel() // h
@@ -151,18 +165,27 @@ def check_rmsnorm_inputs(hidden: torch.Tensor, weights: torch.Tensor, layout: st
     if hidden.dtype not in DTYPES:
         raise UsageError(f"rmsnorm_heads: dtype {hidden.dtype} unsupported", fix="use float32, float16 or bfloat16")
     if weights.dtype != hidden.dtype:
-        raise UsageError(f"rmsnorm_heads: weights are {weights.dtype} but hidden is {hidden.dtype}",
-                         fix="cast the weights to the activation dtype")
+        raise UsageError(
+            f"rmsnorm_heads: weights are {weights.dtype} but hidden is {hidden.dtype}",
+            fix="cast the weights to the activation dtype",
+        )
     if hidden.dim() < 1 or weights.dim() != 2 or weights.shape[1] != hidden.shape[-1] or hidden.shape[-1] == 0:
-        raise UsageError(f"rmsnorm_heads: hidden {tuple(hidden.shape)} and weights {tuple(weights.shape)} "
-                         "do not fit", fix="hidden is [..., H], weights [K, H]")
+        raise UsageError(
+            f"rmsnorm_heads: hidden {tuple(hidden.shape)} and weights {tuple(weights.shape)} do not fit",
+            fix="hidden is [..., H], weights [K, H]",
+        )
     if hidden.numel() // hidden.shape[-1] >= 2**31:
         raise UsageError("rmsnorm_heads: more than 2^31 - 1 tokens")
 
 
-def prepare_rmsnorm_heads(hidden: torch.Tensor, weights: torch.Tensor, eps: float, layout: str = "head-major",
-                          out: torch.Tensor | None = None,
-                          lib: KernelLibrary | None = None) -> tuple[Callable[[], None], torch.Tensor]:
+def prepare_rmsnorm_heads(
+    hidden: torch.Tensor,
+    weights: torch.Tensor,
+    eps: float,
+    layout: str = "head-major",
+    out: torch.Tensor | None = None,
+    lib: KernelLibrary | None = None,
+) -> tuple[Callable[[], None], torch.Tensor]:
     """Check once, allocate the output, and return (launch, out): ``launch()`` runs the kernel on the
     current stream with no further checks or allocations (cheap to call; safe to capture in a CUDA graph)."""
     check_rmsnorm_inputs(hidden, weights, layout)
@@ -183,8 +206,14 @@ def prepare_rmsnorm_heads(hidden: torch.Tensor, weights: torch.Tensor, eps: floa
     return launch, out
 
 
-def rmsnorm_heads(hidden: torch.Tensor, weights: torch.Tensor, eps: float, layout: str = "head-major",
-                  out: torch.Tensor | None = None, lib: KernelLibrary | None = None) -> torch.Tensor:
+def rmsnorm_heads(
+    hidden: torch.Tensor,
+    weights: torch.Tensor,
+    eps: float,
+    layout: str = "head-major",
+    out: torch.Tensor | None = None,
+    lib: KernelLibrary | None = None,
+) -> torch.Tensor:
     """K RMSNorm'ed copies of ``hidden`` [..., H] with ``weights`` [K, H] on the GPU.
 
     head-major -> [K, ..., H]; token-major -> [..., K, H]. Same numerics as trtspec.models.llama.rms_norm.
@@ -194,8 +223,9 @@ def rmsnorm_heads(hidden: torch.Tensor, weights: torch.Tensor, eps: float, layou
     return out
 
 
-def rmsnorm_heads_strided(hidden: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, eps: float,
-                          lib: KernelLibrary | None = None) -> torch.Tensor:
+def rmsnorm_heads_strided(
+    hidden: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, eps: float, lib: KernelLibrary | None = None
+) -> torch.Tensor:
     """The raw strided entry point: hidden [T, H], weights [K, H] and out [K, T, H] may be views with any
     row/head/token strides (the last axis contiguous), e.g. weights sliced out of a wider buffer.
 
@@ -206,20 +236,36 @@ def rmsnorm_heads_strided(hidden: torch.Tensor, weights: torch.Tensor, out: torc
     t, h = hidden.shape
     k = weights.shape[0]
     if weights.shape[1] != h or tuple(out.shape) != (k, t, h):
-        raise UsageError(f"rmsnorm_heads_strided: shapes {tuple(hidden.shape)}, {tuple(weights.shape)}, "
-                         f"{tuple(out.shape)} do not fit")
-    if 1 not in (hidden.stride(-1), weights.stride(-1), out.stride(-1)) or \
-            min(hidden.stride(-1), weights.stride(-1), out.stride(-1)) != 1 or \
-            max(hidden.stride(-1), weights.stride(-1), out.stride(-1)) != 1:
+        raise UsageError(
+            f"rmsnorm_heads_strided: shapes {tuple(hidden.shape)}, {tuple(weights.shape)}, "
+            f"{tuple(out.shape)} do not fit"
+        )
+    if (
+        1 not in (hidden.stride(-1), weights.stride(-1), out.stride(-1))
+        or min(hidden.stride(-1), weights.stride(-1), out.stride(-1)) != 1
+        or max(hidden.stride(-1), weights.stride(-1), out.stride(-1)) != 1
+    ):
         raise UsageError("rmsnorm_heads_strided: the hidden axis must be contiguous in every tensor")
     check_rmsnorm_inputs(hidden, weights, "head-major")
     if out.dtype != hidden.dtype:
         raise UsageError("rmsnorm_heads_strided: out must have the hidden state's dtype")
     device = _require_device("rmsnorm_heads_strided", lib, hidden, weights, out)
     lib = lib or load_library()
-    status = lib.trtspec_rmsnorm_heads(_ptr(hidden), hidden.stride(0), _ptr(weights), weights.stride(0), _ptr(out),
-                                       out.stride(0), out.stride(1), t, h, k, float(eps), DTYPES[hidden.dtype],
-                                       _stream(device))
+    status = lib.trtspec_rmsnorm_heads(
+        _ptr(hidden),
+        hidden.stride(0),
+        _ptr(weights),
+        weights.stride(0),
+        _ptr(out),
+        out.stride(0),
+        out.stride(1),
+        t,
+        h,
+        k,
+        float(eps),
+        DTYPES[hidden.dtype],
+        _stream(device),
+    )
     lib.check("trtspec_rmsnorm_heads", status)
     return out
 
@@ -238,19 +284,30 @@ class TreeVerifyOutput:
         return {k: getattr(self, k).tolist() for k in ("accepted_len", "tokens", "best_path", "keep_nodes")}
 
 
-def check_tree_verify_inputs(paths: torch.Tensor, draft_tokens: torch.Tensor, mode: str, target_kind: str,
-                             target: torch.Tensor, temperature: torch.Tensor | None,
-                             seed: torch.Tensor | None) -> None:
+def check_tree_verify_inputs(
+    paths: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    mode: str,
+    target_kind: str,
+    target: torch.Tensor,
+    temperature: torch.Tensor | None,
+    seed: torch.Tensor | None,
+) -> None:
     """Shape and dtype checks shared by the wrapper and its CPU tests."""
     if (mode, target_kind) not in VERIFY_MODES:
-        raise UsageError(f"tree_verify: mode {mode!r} with target {target_kind!r} unsupported",
-                         fix="greedy takes ids or logits; sampling takes logits or probs")
+        raise UsageError(
+            f"tree_verify: mode {mode!r} with target {target_kind!r} unsupported",
+            fix="greedy takes ids or logits; sampling takes logits or probs",
+        )
     if paths.dtype != torch.int32 or paths.dim() != 2 or paths.shape[0] < 1 or paths.shape[1] < 1:
-        raise UsageError(f"tree_verify: paths must be int32 [P, L], got {paths.dtype} {tuple(paths.shape)}",
-                         fix="pass TreeBuffers.paths.int()")
+        raise UsageError(
+            f"tree_verify: paths must be int32 [P, L], got {paths.dtype} {tuple(paths.shape)}",
+            fix="pass TreeBuffers.paths.int()",
+        )
     if draft_tokens.dtype != torch.int32 or draft_tokens.dim() != 2:
-        raise UsageError(f"tree_verify: draft_tokens must be int32 [B, N1], got {draft_tokens.dtype} "
-                         f"{tuple(draft_tokens.shape)}")
+        raise UsageError(
+            f"tree_verify: draft_tokens must be int32 [B, N1], got {draft_tokens.dtype} {tuple(draft_tokens.shape)}"
+        )
     b, n1 = draft_tokens.shape
     if n1 > MAX_TREE_NODES:
         raise UsageError(f"tree_verify: {n1} tree nodes, the kernel handles at most {MAX_TREE_NODES}")
@@ -258,26 +315,37 @@ def check_tree_verify_inputs(paths: torch.Tensor, draft_tokens: torch.Tensor, mo
         raise UsageError(f"tree_verify: paths {tuple(paths.shape)} do not fit a tree of {n1} nodes")
     if target_kind == "ids":
         if target.dtype != torch.int32 or tuple(target.shape) != (b, n1):
-            raise UsageError(f"tree_verify: target ids must be int32 [{b}, {n1}], got {target.dtype} "
-                             f"{tuple(target.shape)}")
+            raise UsageError(
+                f"tree_verify: target ids must be int32 [{b}, {n1}], got {target.dtype} {tuple(target.shape)}"
+            )
     else:
-        if target.dtype not in DTYPES or target.dim() != 3 or tuple(target.shape[:2]) != (b, n1) \
-                or target.shape[2] < 1:
-            raise UsageError(f"tree_verify: target {target_kind} must be float [{b}, {n1}, V], got "
-                             f"{target.dtype} {tuple(target.shape)}")
+        if target.dtype not in DTYPES or target.dim() != 3 or tuple(target.shape[:2]) != (b, n1) or target.shape[2] < 1:
+            raise UsageError(
+                f"tree_verify: target {target_kind} must be float [{b}, {n1}, V], got "
+                f"{target.dtype} {tuple(target.shape)}"
+            )
     if mode == "sampling":
         if seed is None or seed.dtype != torch.int64 or seed.numel() not in (1, 2):
             raise UsageError("tree_verify: sampling needs seed as an int64 tensor: [seed] or [seed, step]")
-        if target_kind == "logits" and temperature is not None and (
-                temperature.dtype != torch.float32 or tuple(temperature.shape) != (b,)):
+        if (
+            target_kind == "logits"
+            and temperature is not None
+            and (temperature.dtype != torch.float32 or tuple(temperature.shape) != (b,))
+        ):
             raise UsageError(f"tree_verify: temperature must be float32 [{b}]")
 
 
-def prepare_tree_verify(paths: torch.Tensor, draft_tokens: torch.Tensor, target: torch.Tensor,
-                        mode: str = "greedy", target_kind: str = "ids",
-                        temperature: torch.Tensor | float | None = None, seed: torch.Tensor | int | None = None,
-                        lib: KernelLibrary | None = None,
-                        step: int | None = None) -> tuple[Callable[[], None], TreeVerifyOutput]:
+def prepare_tree_verify(
+    paths: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    target: torch.Tensor,
+    mode: str = "greedy",
+    target_kind: str = "ids",
+    temperature: torch.Tensor | float | None = None,
+    seed: torch.Tensor | int | None = None,
+    lib: KernelLibrary | None = None,
+    step: int | None = None,
+) -> tuple[Callable[[], None], TreeVerifyOutput]:
     """Check once, allocate the outputs, and return (launch, outputs); ``launch()`` reruns the kernel on
     the current stream with no checks or allocations (safe to capture in a CUDA graph).
 
@@ -299,15 +367,31 @@ def prepare_tree_verify(paths: torch.Tensor, draft_tokens: torch.Tensor, target:
     b, n1 = draft_tokens.shape
     p, length = paths.shape
     i32 = dict(dtype=torch.int32, device=device)
-    res = TreeVerifyOutput(torch.empty(b, **i32), torch.empty(b, length, **i32), torch.empty(b, **i32),
-                           torch.empty(b, length, **i32))
+    res = TreeVerifyOutput(
+        torch.empty(b, **i32), torch.empty(b, length, **i32), torch.empty(b, **i32), torch.empty(b, length, **i32)
+    )
     ids = target if target_kind == "ids" else None
     scores = None if target_kind == "ids" else target
-    args = (VERIFY_MODES[(mode, target_kind)], _ptr(paths), p, length, _ptr(draft_tokens), b, n1, _ptr(ids),
-            _ptr(scores), DTYPES.get(target.dtype, 0), target.shape[2] if scores is not None else 0,
-            _ptr(temperature) if sampling else None, _ptr(seed) if sampling else None,
-            seed.numel() if sampling else 0,
-            _ptr(res.accepted_len), _ptr(res.tokens), _ptr(res.best_path), _ptr(res.keep_nodes))
+    args = (
+        VERIFY_MODES[(mode, target_kind)],
+        _ptr(paths),
+        p,
+        length,
+        _ptr(draft_tokens),
+        b,
+        n1,
+        _ptr(ids),
+        _ptr(scores),
+        DTYPES.get(target.dtype, 0),
+        target.shape[2] if scores is not None else 0,
+        _ptr(temperature) if sampling else None,
+        _ptr(seed) if sampling else None,
+        seed.numel() if sampling else 0,
+        _ptr(res.accepted_len),
+        _ptr(res.tokens),
+        _ptr(res.best_path),
+        _ptr(res.keep_nodes),
+    )
     fn = lib.trtspec_tree_verify
 
     def launch(_inputs=(paths, draft_tokens, target, temperature, seed)) -> None:  # keeps the inputs alive
@@ -316,10 +400,17 @@ def prepare_tree_verify(paths: torch.Tensor, draft_tokens: torch.Tensor, target:
     return launch, res
 
 
-def tree_verify(paths: torch.Tensor, draft_tokens: torch.Tensor, target: torch.Tensor, mode: str = "greedy",
-                target_kind: str = "ids", temperature: torch.Tensor | float | None = None,
-                seed: torch.Tensor | int | None = None, lib: KernelLibrary | None = None,
-                step: int | None = None) -> TreeVerifyOutput:
+def tree_verify(
+    paths: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    target: torch.Tensor,
+    mode: str = "greedy",
+    target_kind: str = "ids",
+    temperature: torch.Tensor | float | None = None,
+    seed: torch.Tensor | int | None = None,
+    lib: KernelLibrary | None = None,
+    step: int | None = None,
+) -> TreeVerifyOutput:
     """Verify a batch of draft trees on the GPU (trtspec/runtime/verify.py semantics).
 
     paths int32 [P, L] (TreeBuffers.paths), draft_tokens int32 [B, N1], target: int32 argmax ids [B, N1]

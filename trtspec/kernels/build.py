@@ -55,8 +55,9 @@ def plugins_source_dir() -> Path:
     """plugins/ of this checkout (the kernels ship as sources next to the Python package)."""
     src = Path(__file__).resolve().parents[2] / "plugins"
     if not (src / "CMakeLists.txt").is_file():
-        raise UsageError(f"{src}/CMakeLists.txt not found",
-                         fix="run from a trtspec source checkout, which carries plugins/")
+        raise UsageError(
+            f"{src}/CMakeLists.txt not found", fix="run from a trtspec source checkout, which carries plugins/"
+        )
     return src
 
 
@@ -78,8 +79,10 @@ def default_trt_include() -> Path | None:
     if env:
         path = Path(env).expanduser()
         if not (path / "NvInfer.h").is_file():
-            raise UsageError(f"TRTSPEC_TRT_INCLUDE={env}: no NvInfer.h there",
-                             fix="point it at TensorRT's include directory, or unset it")
+            raise UsageError(
+                f"TRTSPEC_TRT_INCLUDE={env}: no NvInfer.h there",
+                fix="point it at TensorRT's include directory, or unset it",
+            )
         return path.resolve()
     path = (plugins_source_dir().parent / SHARED_TRT_INCLUDE).resolve()
     return path if (path / "NvInfer.h").is_file() else None
@@ -116,8 +119,7 @@ def find_nvcc() -> Path:
     for c in candidates:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return Path(c)
-    raise UsageError("nvcc (the CUDA compiler) not found",
-                     fix="install the CUDA toolkit, or set CUDACXX or CUDA_HOME")
+    raise UsageError("nvcc (the CUDA compiler) not found", fix="install the CUDA toolkit, or set CUDACXX or CUDA_HOME")
 
 
 def find_cmake() -> Path:
@@ -139,7 +141,7 @@ def tool_version(tool: Path) -> str:
 
 
 def parse_archs(archs) -> list[str]:
-    """"80,90,100" or ["80", 90] -> ["80", "90", "100"]; also "90a" (arch-specific) forms."""
+    """ "80,90,100" or ["80", 90] -> ["80", "90", "100"]; also "90a" (arch-specific) forms."""
     if isinstance(archs, str):
         items = [a.strip() for a in archs.replace(";", ",").split(",")]
     else:
@@ -150,8 +152,9 @@ def parse_archs(archs) -> list[str]:
         raise UsageError(f"bad CUDA architecture list {archs!r}", fix="use compute capabilities like 80,90,100")
     old = [a for a in items if int(re.match(r"\d+", a).group()) < 75]
     if old:
-        raise UsageError(f"CUDA architecture {old[0]} is older than nvcc 13 supports",
-                         fix="use sm_75 or newer, e.g. 80,90,100")
+        raise UsageError(
+            f"CUDA architecture {old[0]} is older than nvcc 13 supports", fix="use sm_75 or newer, e.g. 80,90,100"
+        )
     return list(dict.fromkeys(items))
 
 
@@ -188,7 +191,7 @@ def _run(cmd: list[str], log, step: str, log_path: Path, env: dict) -> str:
         for i, ln in enumerate(lines):
             if "trtspec:" in ln:  # CMake wraps a message over several lines, up to a blank one
                 block = [ln]
-                for nxt in lines[i + 1:]:
+                for nxt in lines[i + 1 :]:
                     if not nxt:
                         break
                     block.append(nxt)
@@ -203,9 +206,15 @@ def _run(cmd: list[str], log, step: str, log_path: Path, env: dict) -> str:
     return proc.stdout
 
 
-def build_plugins(out_dir: str | Path | None = None, archs=DEFAULT_ARCHS, with_trt: bool | None = None,
-                  trt_include: str | Path | None = None, trt_lib: str | Path | None = None,
-                  jobs: int | None = None, werror: bool = True) -> BuildResult:
+def build_plugins(
+    out_dir: str | Path | None = None,
+    archs=DEFAULT_ARCHS,
+    with_trt: bool | None = None,
+    trt_include: str | Path | None = None,
+    trt_lib: str | Path | None = None,
+    jobs: int | None = None,
+    werror: bool = True,
+) -> BuildResult:
     """Configure and build plugins/ for ``archs``; put the .so files (+ build_info.json) in ``out_dir``.
 
     with_trt: None = build the TensorRT plugins when NvInfer.h and libnvinfer are found, True = fail
@@ -221,9 +230,18 @@ def build_plugins(out_dir: str | Path | None = None, archs=DEFAULT_ARCHS, with_t
     log_path = out / "build.log"
     env = dict(os.environ, CUDACXX=str(nvcc))
     mode = {None: "AUTO", True: "ON", False: "OFF"}[with_trt]
-    cmd = [str(cmake), "-S", str(src), "-B", str(work / "cmake"), f"-DCMAKE_CUDA_COMPILER={nvcc}",
-           "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}",
-           f"-DTRTSPEC_WITH_TRT={mode}", f"-DTRTSPEC_WERROR={'ON' if werror else 'OFF'}"]
+    cmd = [
+        str(cmake),
+        "-S",
+        str(src),
+        "-B",
+        str(work / "cmake"),
+        f"-DCMAKE_CUDA_COMPILER={nvcc}",
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_CUDA_ARCHITECTURES={';'.join(archs)}",
+        f"-DTRTSPEC_WITH_TRT={mode}",
+        f"-DTRTSPEC_WERROR={'ON' if werror else 'OFF'}",
+    ]
     if shutil.which("ninja"):
         cmd += ["-G", "Ninja"]
     if trt_include:
@@ -248,10 +266,17 @@ def build_plugins(out_dir: str | Path | None = None, archs=DEFAULT_ARCHS, with_t
         shutil.copy2(src / "include" / HEADER, out / HEADER)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = BuildResult(out_dir=out, kernels_lib=kernels, plugins_lib=plugins, archs=archs,
-                         trt_status="; ".join(trt_lines) or "unknown", seconds=time.monotonic() - started,
-                         log=log_path, sources_hash=sources_hash(),
-                         extra={"nvcc": tool_version(nvcc), "cmake": tool_version(cmake)})
+    result = BuildResult(
+        out_dir=out,
+        kernels_lib=kernels,
+        plugins_lib=plugins,
+        archs=archs,
+        trt_status="; ".join(trt_lines) or "unknown",
+        seconds=time.monotonic() - started,
+        log=log_path,
+        sources_hash=sources_hash(),
+        extra={"nvcc": tool_version(nvcc), "cmake": tool_version(cmake)},
+    )
     info = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result).items()}
     tmp = out / f".{BUILD_INFO}.tmp"
     tmp.write_text(json.dumps(info, indent=2) + "\n")
@@ -274,10 +299,24 @@ def build_host_emulation(out_dir: str | Path, cxx: str | None = None) -> Path:
     work = Path(tempfile.mkdtemp(prefix=".build-emu-", dir=out))
     log_path = out / "build_emu.log"
     # -fno-strict-aliasing: the kernels move 16-byte vectors through uint4 as device code may.
-    flags = ["-std=c++17", "-O2", "-fPIC", "-fno-strict-aliasing", "-DTRTSPEC_HOST_EMULATION", "-Wall", "-Wextra",
-             "-Werror", "-Wno-unknown-pragmas", f"-I{src / 'include'}"]
-    sources = [src / "kernels" / "common.cu", src / "kernels" / "rmsnorm_heads.cu",
-               src / "kernels" / "tree_verify.cu", src / "emu" / "cuda_host_emu.cpp"]
+    flags = [
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        "-fno-strict-aliasing",
+        "-DTRTSPEC_HOST_EMULATION",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-Wno-unknown-pragmas",
+        f"-I{src / 'include'}",
+    ]
+    sources = [
+        src / "kernels" / "common.cu",
+        src / "kernels" / "rmsnorm_heads.cu",
+        src / "kernels" / "tree_verify.cu",
+        src / "emu" / "cuda_host_emu.cpp",
+    ]
     try:
         with open(log_path, "w") as log:
             procs, objects = [], []
@@ -295,8 +334,13 @@ def build_host_emulation(out_dir: str | Path, cxx: str | None = None) -> Path:
                     failed.append(f"{s.name}: {(text.strip().splitlines() or ['?'])[0][:200]}")
             if failed:
                 raise PluginBuildError(f"host emulation build failed: {failed[0]}", path=log_path)
-            _run([compiler, "-shared", "-o", str(work / EMULATION_LIB), *map(str, objects)], log, "emulation link",
-                 log_path, dict(os.environ))
+            _run(
+                [compiler, "-shared", "-o", str(work / EMULATION_LIB), *map(str, objects)],
+                log,
+                "emulation link",
+                log_path,
+                dict(os.environ),
+            )
         os.replace(work / EMULATION_LIB, out / EMULATION_LIB)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -62,11 +62,11 @@ def _onnx():
 class LinearHeadsWeights:
     """What the graph needs from K linear heads, stacked per layer (numpy, in the export dtype)."""
 
-    norm: np.ndarray | None          # [K, H] RMSNorm weights (mtp-linear), None for Medusa
+    norm: np.ndarray | None  # [K, H] RMSNorm weights (mtp-linear), None for Medusa
     eps: float
-    res_w: list[np.ndarray]          # per layer: [K, H, H], already transposed (z @ w)
-    res_b: list[np.ndarray]          # per layer: [K, 1, H]
-    lm_head: np.ndarray              # [H, V] shared, or [K, H, V] per head (transposed)
+    res_w: list[np.ndarray]  # per layer: [K, H, H], already transposed (z @ w)
+    res_b: list[np.ndarray]  # per layer: [K, 1, H]
+    lm_head: np.ndarray  # [H, V] shared, or [K, H, V] per head (transposed)
 
     @property
     def num_heads(self) -> int:
@@ -75,6 +75,7 @@ class LinearHeadsWeights:
 
 def heads_weights(heads, shared_lm_head: torch.Tensor, dtype: torch.dtype) -> LinearHeadsWeights:
     """Stack a trtspec.models.heads.LinearHeads module's parameters for the graph."""
+
     def np_(t: torch.Tensor) -> np.ndarray:
         return t.detach().to(dtype).cpu().numpy()
 
@@ -117,11 +118,13 @@ class _Graph:
         self.inits.append(self.onnx.numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
-    def op(self, op_type: str, inputs: list[str], hint: str | None = None, outputs: int = 1, domain: str = "",
-           **attrs) -> str | list[str]:
+    def op(
+        self, op_type: str, inputs: list[str], hint: str | None = None, outputs: int = 1, domain: str = "", **attrs
+    ) -> str | list[str]:
         outs = [self.name(hint or op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(self.onnx.helper.make_node(op_type, inputs, outs, name=self.name(op_type), domain=domain,
-                                                     **attrs))
+        self.nodes.append(
+            self.onnx.helper.make_node(op_type, inputs, outs, name=self.name(op_type), domain=domain, **attrs)
+        )
         return outs[0] if outputs == 1 else outs
 
 
@@ -134,9 +137,16 @@ def _rmsnorm_heads(g: _Graph, hidden: str, w: LinearHeadsWeights, dtype: torch.d
     """[T, H] -> [K, T, H]: the plugin node, or its standard-op expansion (rms_norm's numerics)."""
     weights = g.const("norm_weight", w.norm)
     if not expand:
-        return g.op(RMSNORM_HEADS, [hidden, weights], "normed", domain=PLUGIN_DOMAIN, eps=float(w.eps),
-                    layout=RMSNORM_LAYOUTS["head-major"], plugin_version=PLUGIN_VERSION,
-                    plugin_namespace=PLUGIN_NAMESPACE)
+        return g.op(
+            RMSNORM_HEADS,
+            [hidden, weights],
+            "normed",
+            domain=PLUGIN_DOMAIN,
+            eps=float(w.eps),
+            layout=RMSNORM_LAYOUTS["head-major"],
+            plugin_version=PLUGIN_VERSION,
+            plugin_namespace=PLUGIN_NAMESPACE,
+        )
     onnx = _onnx()
     x32 = g.op("Cast", [hidden], "x32", to=onnx.TensorProto.FLOAT)
     mean = g.op("ReduceMean", [g.op("Mul", [x32, x32])], "mean_sq", axes=[-1], keepdims=1)
@@ -168,27 +178,49 @@ def _greedy_verify_expanded(g: _Graph, paths: np.ndarray, draft: str, target: st
     i64 = onnx.TensorProto.INT64
     width = paths.shape[1]
     paths = paths.astype(np.int64)
-    arg = g.op("ArgMax", [target], "argmax", axis=-1, keepdims=0)                       # [B, N1] int64
+    arg = g.op("ArgMax", [target], "argmax", axis=-1, keepdims=0)  # [B, N1] int64
     tok = g.op("Cast", [draft], "draft64", to=i64)
-    zero_col = g.op("Mul", [g.op("Slice", [arg, g.const("s0", np.array([0], np.int64)),
-                                           g.const("s1", np.array([1], np.int64)),
-                                           g.const("ax1", np.array([1], np.int64))]),
-                            g.const("zero", np.array(0, np.int64))], "zero_col")          # [B, 1] of 0
+    zero_col = g.op(
+        "Mul",
+        [
+            g.op(
+                "Slice",
+                [
+                    arg,
+                    g.const("s0", np.array([0], np.int64)),
+                    g.const("s1", np.array([1], np.int64)),
+                    g.const("ax1", np.array([1], np.int64)),
+                ],
+            ),
+            g.const("zero", np.array(0, np.int64)),
+        ],
+        "zero_col",
+    )  # [B, 1] of 0
     minus_one = g.op("Sub", [zero_col, g.const("one", np.array(1, np.int64))], "minus_one")
     cur = zero_col
-    alive = g.op("Equal", [zero_col, zero_col], "alive")                                   # [B, 1] true
+    alive = g.op("Equal", [zero_col, zero_col], "alive")  # [B, 1] true
     accepted = zero_col
     token_cols, keep_cols = [], [zero_col]
     big = g.const("big", np.array(_BIG, np.int64))
     for d in range(1, width):
         node = paths[:, d]
-        want = g.op("GatherElements", [arg, cur], "want", axis=1)                          # [B, 1]
+        want = g.op("GatherElements", [arg, cur], "want", axis=1)  # [B, 1]
         node_tok = g.op("Gather", [tok, g.const(f"node{d}", np.clip(node, 0, None))], "node_tok", axis=1)  # [B, P]
         same_parent = g.op("Equal", [cur, g.const(f"parent{d}", paths[:, d - 1][None, :])])
-        match = g.op("And", [g.op("And", [g.op("Equal", [node_tok, want]), same_parent]),
-                             g.op("And", [alive, g.const(f"valid{d}", (node >= 0)[None, :])])])
-        nxt = g.op("ReduceMin", [g.op("Where", [match, g.const(f"nodev{d}", node[None, :]), big])], "next",
-                   axes=[1], keepdims=1)                                                     # [B, 1]
+        match = g.op(
+            "And",
+            [
+                g.op("And", [g.op("Equal", [node_tok, want]), same_parent]),
+                g.op("And", [alive, g.const(f"valid{d}", (node >= 0)[None, :])]),
+            ],
+        )
+        nxt = g.op(
+            "ReduceMin",
+            [g.op("Where", [match, g.const(f"nodev{d}", node[None, :]), big])],
+            "next",
+            axes=[1],
+            keepdims=1,
+        )  # [B, 1]
         moved = g.op("Less", [nxt, big], "moved")
         token_cols.append(g.op("Where", [moved, want, minus_one]))
         keep_cols.append(g.op("Where", [moved, nxt, minus_one]))
@@ -196,23 +228,40 @@ def _greedy_verify_expanded(g: _Graph, paths: np.ndarray, draft: str, target: st
         accepted = g.op("Add", [accepted, g.op("Cast", [moved], to=i64)], "accepted")
         alive = g.op("And", [alive, moved], "alive")
     bonus = g.op("GatherElements", [arg, cur], "bonus", axis=1)
-    tokens = g.op("Concat", [*token_cols, minus_one], "tokens_pre", axis=1)                # [B, L]
+    tokens = g.op("Concat", [*token_cols, minus_one], "tokens_pre", axis=1)  # [B, L]
     at_bonus = g.op("Equal", [g.const("positions", np.arange(width, dtype=np.int64)[None, :]), accepted])
     tokens = g.op("Where", [at_bonus, bonus, tokens])
     keep = g.op("Concat", keep_cols, "keep", axis=1)
-    at_depth = g.op("Gather", [g.const("paths_t", paths.T.copy()), g.op("Squeeze", [accepted, g.const(
-        "sq1", np.array([1], np.int64))])], "at_depth", axis=0)                             # [B, P]
-    best = g.op("ArgMax", [g.op("Cast", [g.op("Equal", [at_depth, cur])], to=onnx.TensorProto.INT32)], "best",
-                axis=1, keepdims=0)
+    at_depth = g.op(
+        "Gather",
+        [g.const("paths_t", paths.T.copy()), g.op("Squeeze", [accepted, g.const("sq1", np.array([1], np.int64))])],
+        "at_depth",
+        axis=0,
+    )  # [B, P]
+    best = g.op(
+        "ArgMax",
+        [g.op("Cast", [g.op("Equal", [at_depth, cur])], to=onnx.TensorProto.INT32)],
+        "best",
+        axis=1,
+        keepdims=0,
+    )
     i32 = onnx.TensorProto.INT32
-    return [g.op("Cast", [g.op("Squeeze", [accepted, g.const("sq1b", np.array([1], np.int64))])], "accepted_len",
-                 to=i32),
-            g.op("Cast", [tokens], "tokens", to=i32), g.op("Cast", [best], "best_path", to=i32),
-            g.op("Cast", [keep], "keep_nodes", to=i32)]
+    return [
+        g.op("Cast", [g.op("Squeeze", [accepted, g.const("sq1b", np.array([1], np.int64))])], "accepted_len", to=i32),
+        g.op("Cast", [tokens], "tokens", to=i32),
+        g.op("Cast", [best], "best_path", to=i32),
+        g.op("Cast", [keep], "keep_nodes", to=i32),
+    ]
 
 
-def build_heads_model(weights: LinearHeadsWeights, paths: torch.Tensor | None, dtype: torch.dtype = torch.float32,
-                      verify: str = "greedy", expand_plugins: bool = False, vocab: int | None = None):
+def build_heads_model(
+    weights: LinearHeadsWeights,
+    paths: torch.Tensor | None,
+    dtype: torch.dtype = torch.float32,
+    verify: str = "greedy",
+    expand_plugins: bool = False,
+    vocab: int | None = None,
+):
     """The ONNX ModelProto: the heads, plus the verify step on ``paths`` unless verify == "none"."""
     onnx = _onnx()
     helper = onnx.helper
@@ -234,25 +283,41 @@ def build_heads_model(weights: LinearHeadsWeights, paths: torch.Tensor | None, d
             raise UsageError("the verify step needs the tree's paths")
         p = paths.to(torch.int32).cpu().numpy()
         n1 = int(p.max()) + 1
-        inputs += [helper.make_tensor_value_info("draft_tokens", onnx.TensorProto.INT32, ["batch", n1]),
-                   helper.make_tensor_value_info("target_logits", onnx.TensorProto.FLOAT, ["batch", n1, v])]
+        inputs += [
+            helper.make_tensor_value_info("draft_tokens", onnx.TensorProto.INT32, ["batch", n1]),
+            helper.make_tensor_value_info("target_logits", onnx.TensorProto.FLOAT, ["batch", n1, v]),
+        ]
         if expand_plugins:
             outs = _greedy_verify_expanded(g, p, "draft_tokens", "target_logits")
         else:
             ins = [g.const("paths", p), "draft_tokens", "target_logits"]
             if verify == "sampling":
-                inputs += [helper.make_tensor_value_info("temperature", onnx.TensorProto.FLOAT, ["batch"]),
-                           helper.make_tensor_value_info("seed", onnx.TensorProto.INT64, [2])]
+                inputs += [
+                    helper.make_tensor_value_info("temperature", onnx.TensorProto.FLOAT, ["batch"]),
+                    helper.make_tensor_value_info("seed", onnx.TensorProto.INT64, [2]),
+                ]
                 ins += ["temperature", "seed"]
-            outs = g.op(TREE_VERIFY, ins, "verify", outputs=4, domain=PLUGIN_DOMAIN, mode=VERIFY_MODES[verify],
-                        target=VERIFY_TARGETS["logits"], plugin_version=PLUGIN_VERSION,
-                        plugin_namespace=PLUGIN_NAMESPACE)
+            outs = g.op(
+                TREE_VERIFY,
+                ins,
+                "verify",
+                outputs=4,
+                domain=PLUGIN_DOMAIN,
+                mode=VERIFY_MODES[verify],
+                target=VERIFY_TARGETS["logits"],
+                plugin_version=PLUGIN_VERSION,
+                plugin_namespace=PLUGIN_NAMESPACE,
+            )
         names = ["accepted_len", "tokens", "best_path", "keep_nodes"]
         width = p.shape[1]
         for out, name in zip(outs, names):
             g.nodes.append(helper.make_node("Identity", [out], [name], name=f"{name}_out"))
-        shapes = {"accepted_len": ["batch"], "tokens": ["batch", width], "best_path": ["batch"],
-                  "keep_nodes": ["batch", width]}
+        shapes = {
+            "accepted_len": ["batch"],
+            "tokens": ["batch", width],
+            "best_path": ["batch"],
+            "keep_nodes": ["batch", width],
+        }
         outputs += [helper.make_tensor_value_info(n, onnx.TensorProto.INT32, shapes[n]) for n in names]
     graph = helper.make_graph(g.nodes, "trtspec_heads", inputs, outputs, g.inits)
     opsets = [helper.make_opsetid("", OPSET)]
@@ -265,30 +330,44 @@ def build_heads_model(weights: LinearHeadsWeights, paths: torch.Tensor | None, d
 
 def load_linear_heads(heads_dir: str | Path, target_dir: str | Path, dtype: torch.dtype):
     """(LinearHeads module, shared lm_head [V, H], DrafterSpec) of Medusa / mtp-linear heads, full vocabulary."""
-    from trtspec.drafters import registry  # noqa: PLC0415 - heavy imports only when exporting
-    from trtspec.load import load_drafter  # noqa: PLC0415
     from trtspec.checkpoint.target import load_hf_causal_lm  # noqa: PLC0415
-    from trtspec.models.heads import LinearHeads  # noqa: PLC0415
+    from trtspec.drafters import registry  # noqa: PLC0415 - heavy imports only when exporting
     from trtspec.drafters.proposers import load_module  # noqa: PLC0415
+    from trtspec.load import load_drafter  # noqa: PLC0415
+    from trtspec.models.heads import LinearHeads  # noqa: PLC0415
 
     target = load_hf_causal_lm(target_dir)
     drafter = load_drafter(heads_dir, target, draft_vocab=0)
     if "onnx" not in registry.get(drafter.kind).export_formats:
         takes = ", ".join(n for n, k in registry.KINDS.items() if "onnx" in k.export_formats)
-        raise UsageError(f"{heads_dir}: {drafter.kind} heads cannot be exported as an ONNX head graph yet",
-                         fix=f"export-onnx takes {takes} heads")
+        raise UsageError(
+            f"{heads_dir}: {drafter.kind} heads cannot be exported as an ONNX head graph yet",
+            fix=f"export-onnx takes {takes} heads",
+        )
     cfg = drafter.config
-    heads = LinearHeads(int(cfg["num_heads"]), int(cfg["hidden_size"]), target.arch.vocab_size,
-                        int(cfg.get("num_layers", 1)),
-                        has_norm="heads.0.norm.weight" in drafter.tensors,
-                        eps=float(cfg.get("rms_norm_eps", 1e-6)), own_lm_head=bool(cfg.get("own_lm_head", False)))
+    heads = LinearHeads(
+        int(cfg["num_heads"]),
+        int(cfg["hidden_size"]),
+        target.arch.vocab_size,
+        int(cfg.get("num_layers", 1)),
+        has_norm="heads.0.norm.weight" in drafter.tensors,
+        eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        own_lm_head=bool(cfg.get("own_lm_head", False)),
+    )
     heads = load_module(heads, drafter, dtype)
     lm_head = target.tensors.load(target.lm_head_name).to(dtype)
     return heads, lm_head, drafter
 
 
-def export_heads_onnx(heads_dir: str | Path, target_dir: str | Path, out: str | Path, tree=None,
-                      dtype: str = "float32", verify: str = "greedy", expand_plugins: bool = False) -> Path:
+def export_heads_onnx(
+    heads_dir: str | Path,
+    target_dir: str | Path,
+    out: str | Path,
+    tree=None,
+    dtype: str = "float32",
+    verify: str = "greedy",
+    expand_plugins: bool = False,
+) -> Path:
     """Write the heads (and the verify step on the heads' tree) to ``out``; checked with onnx.checker."""
     from trtspec.load import resolve_tree  # noqa: PLC0415
     from trtspec.tree import build_tree  # noqa: PLC0415

@@ -14,13 +14,13 @@ import torch
 
 from trtspec.kernels.bindings import TreeVerifyOutput, rmsnorm_out_shape
 from trtspec.models.llama import rms_norm
-from trtspec.tree import TreeBuffers
 from trtspec.runtime.verify import (
     VerifyResult,
     process_logits,
     verify_greedy,
     verify_sampling,
 )
+from trtspec.tree import TreeBuffers
 
 #: Stated tolerances of the RMSNorm kernel against rms_norm (atol, rtol), per dtype. The kernel's sum of
 #: squares runs in another order than torch's, so r may differ in the last fp32 bit; after rounding to
@@ -28,8 +28,9 @@ from trtspec.runtime.verify import (
 RMSNORM_TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 
-def rmsnorm_heads_reference(hidden: torch.Tensor, weights: torch.Tensor, eps: float,
-                            layout: str = "head-major") -> torch.Tensor:
+def rmsnorm_heads_reference(
+    hidden: torch.Tensor, weights: torch.Tensor, eps: float, layout: str = "head-major"
+) -> torch.Tensor:
     """rms_norm of ``hidden`` [..., H] with each of ``weights`` [K, H], stacked in the kernel's layout."""
     outs = torch.stack([rms_norm(hidden, w, eps) for w in weights])  # [K, ..., H]
     if layout == "token-major":
@@ -46,8 +47,9 @@ def pad_result(res: VerifyResult, width: int) -> TreeVerifyOutput:
     for i in range(b):
         tokens[i, : len(res.tokens[i])] = torch.tensor(res.tokens[i], dtype=torch.int32)
         keep[i, : len(res.keep_nodes[i])] = torch.tensor(res.keep_nodes[i], dtype=torch.int32)
-    return TreeVerifyOutput(torch.tensor(res.accepted_len, dtype=torch.int32), tokens,
-                            torch.tensor(res.best_path, dtype=torch.int32), keep)
+    return TreeVerifyOutput(
+        torch.tensor(res.accepted_len, dtype=torch.int32), tokens, torch.tensor(res.best_path, dtype=torch.int32), keep
+    )
 
 
 #: Odd 64-bit constant of splitmix64: the key of step s is the s-th state of the sequence started at seed.
@@ -73,9 +75,16 @@ def sampling_probs(target: torch.Tensor, target_kind: str, temperature) -> torch
     return torch.stack([process_logits(target[i].float(), float(temps[i])) for i in range(b)])
 
 
-def tree_verify_reference(tree: TreeBuffers, draft_tokens: torch.Tensor, target: torch.Tensor,
-                          mode: str = "greedy", target_kind: str = "ids", temperature=None,
-                          seed: int = 0, step: int = 0) -> TreeVerifyOutput:
+def tree_verify_reference(
+    tree: TreeBuffers,
+    draft_tokens: torch.Tensor,
+    target: torch.Tensor,
+    mode: str = "greedy",
+    target_kind: str = "ids",
+    temperature=None,
+    seed: int = 0,
+    step: int = 0,
+) -> TreeVerifyOutput:
     """What the TreeVerify kernel must return, computed by trtspec/runtime/verify.py on the CPU
     (sampling at ``step`` uses ``step_key(seed, step)``)."""
     draft = draft_tokens.cpu().long()
@@ -88,8 +97,9 @@ def tree_verify_reference(tree: TreeBuffers, draft_tokens: torch.Tensor, target:
     return pad_result(verify_sampling(tree, draft, probs, step_key(seed, step)), width)
 
 
-def tree_verify_greedy_batched(paths: torch.Tensor, draft_tokens: torch.Tensor,
-                               target_ids: torch.Tensor) -> TreeVerifyOutput:
+def tree_verify_greedy_batched(
+    paths: torch.Tensor, draft_tokens: torch.Tensor, target_ids: torch.Tensor
+) -> TreeVerifyOutput:
     """Greedy verification with tensor ops only (any device): verify.py's walk, one tree level at a time.
 
     At depth d every sequence still walking looks at the paths through its current node: a path's node at
@@ -113,10 +123,10 @@ def tree_verify_greedy_batched(paths: torch.Tensor, draft_tokens: torch.Tensor,
     tokens = torch.full((b, width), -1, dtype=torch.long, device=device)
     want = arg[:, 0]
     for d in range(1, width):
-        node = paths[:, d]                                   # [P] node at depth d of each path
+        node = paths[:, d]  # [P] node at depth d of each path
         parent = paths[:, d - 1]
-        valid = (node >= 0)[None, :] & (parent[None, :] == cur[:, None])          # [B, P]
-        node_tok = tok[:, node.clamp(min=0)]                                      # [B, P]
+        valid = (node >= 0)[None, :] & (parent[None, :] == cur[:, None])  # [B, P]
+        node_tok = tok[:, node.clamp(min=0)]  # [B, P]
         match = valid & (node_tok == want[:, None]) & alive[:, None]
         nxt = torch.where(match, node[None, :].expand(b, p), torch.full_like(node_tok, big)).min(-1).values
         moved = nxt != big
@@ -126,8 +136,8 @@ def tree_verify_greedy_batched(paths: torch.Tensor, draft_tokens: torch.Tensor,
         accepted += moved.long()
         alive &= moved
         want = arg.gather(1, cur[:, None])[:, 0]
-    bonus = arg.gather(1, cur[:, None])                      # argmax at the last accepted node
+    bonus = arg.gather(1, cur[:, None])  # argmax at the last accepted node
     tokens.scatter_(1, accepted[:, None], bonus)
-    at_depth = paths.t()[accepted]                            # [B, P] node of each path at that depth
-    best = (at_depth == cur[:, None]).int().argmax(-1)        # first path holding it
+    at_depth = paths.t()[accepted]  # [B, P] node of each path at that depth
+    best = (at_depth == cur[:, None]).int().argmax(-1)  # first path holding it
     return TreeVerifyOutput(accepted.int(), tokens.int(), best.int(), keep.int())

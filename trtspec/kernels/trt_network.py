@@ -36,9 +36,10 @@ def _tensorrt():
     try:
         import tensorrt  # noqa: PLC0415 - only where TensorRT is installed
     except ImportError:
-        raise UsageError("the TensorRT Python package is not installed",
-                         fix="add the trtspec plugins on a machine with TensorRT 10+ (e.g. NVIDIA's TensorRT-LLM "
-                             "container)") from None
+        raise UsageError(
+            "the TensorRT Python package is not installed",
+            fix="add the trtspec plugins on a machine with TensorRT 10+ (e.g. NVIDIA's TensorRT-LLM container)",
+        ) from None
     return tensorrt
 
 
@@ -55,13 +56,17 @@ def load_plugin_library(path: str | Path | None = None) -> Path:
     if _loaded_library == lib:
         return lib
     if not lib.is_file():
-        raise UsageError(f"{lib}: TensorRT plugin library not found",
-                         fix="build it where TensorRT is with `trtspec plugins build --with-trt`")
+        raise UsageError(
+            f"{lib}: TensorRT plugin library not found",
+            fix="build it where TensorRT is with `trtspec plugins build --with-trt`",
+        )
     try:
         ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
     except OSError as exc:
-        raise UsageError(f"{lib}: cannot load the plugin library: {exc}",
-                         fix="load it in a process that has TensorRT's libnvinfer (same major version)") from None
+        raise UsageError(
+            f"{lib}: cannot load the plugin library: {exc}",
+            fix="load it in a process that has TensorRT's libnvinfer (same major version)",
+        ) from None
     _loaded_library = lib
     return lib
 
@@ -75,8 +80,10 @@ def get_creator(name: str, library: str | Path | None = None):
         load_plugin_library(library)
         creator = registry.get_creator(name, PLUGIN_VERSION, PLUGIN_NAMESPACE)
     if creator is None:
-        raise UsageError(f"TensorRT plugin creator {PLUGIN_NAMESPACE}::{name} v{PLUGIN_VERSION} is not registered",
-                         fix="rebuild libtrtspec_plugins.so with `trtspec plugins build --with-trt`")
+        raise UsageError(
+            f"TensorRT plugin creator {PLUGIN_NAMESPACE}::{name} v{PLUGIN_VERSION} is not registered",
+            fix="rebuild libtrtspec_plugins.so with `trtspec plugins build --with-trt`",
+        )
     return creator
 
 
@@ -86,16 +93,22 @@ def rmsnorm_heads_fields(eps: float, layout: str = "head-major") -> list[tuple[s
         raise UsageError(f"unknown RmsNormHeads layout {layout!r}", fix=f"use one of {sorted(RMSNORM_LAYOUTS)}")
     if not eps >= 0:
         raise UsageError(f"RmsNormHeads eps must be >= 0, got {eps}")
-    return [("eps", np.array([eps], dtype=np.float32), "FLOAT32"),
-            ("layout", np.array([RMSNORM_LAYOUTS[layout]], dtype=np.int32), "INT32")]
+    return [
+        ("eps", np.array([eps], dtype=np.float32), "FLOAT32"),
+        ("layout", np.array([RMSNORM_LAYOUTS[layout]], dtype=np.int32), "INT32"),
+    ]
 
 
 def tree_verify_fields(mode: str = "greedy", target: str = "ids") -> list[tuple[str, np.ndarray, str]]:
     if mode not in VERIFY_MODES or target not in VERIFY_TARGETS or (mode == "sampling" and target == "ids"):
-        raise UsageError(f"TreeVerify mode {mode!r} with target {target!r} unsupported",
-                         fix="greedy takes ids, logits or probs; sampling takes logits or probs")
-    return [("mode", np.array([VERIFY_MODES[mode]], dtype=np.int32), "INT32"),
-            ("target", np.array([VERIFY_TARGETS[target]], dtype=np.int32), "INT32")]
+        raise UsageError(
+            f"TreeVerify mode {mode!r} with target {target!r} unsupported",
+            fix="greedy takes ids, logits or probs; sampling takes logits or probs",
+        )
+    return [
+        ("mode", np.array([VERIFY_MODES[mode]], dtype=np.int32), "INT32"),
+        ("target", np.array([VERIFY_TARGETS[target]], dtype=np.int32), "INT32"),
+    ]
 
 
 def tree_verify_num_inputs(mode: str, target: str) -> int:
@@ -110,7 +123,8 @@ def _create(name: str, fields: list[tuple[str, np.ndarray, str]], library):
     trt = _tensorrt()
     creator = get_creator(name, library)
     collection = trt.PluginFieldCollection(
-        [trt.PluginField(n, value, getattr(trt.PluginFieldType, kind)) for n, value, kind in fields])
+        [trt.PluginField(n, value, getattr(trt.PluginFieldType, kind)) for n, value, kind in fields]
+    )
     plugin = creator.create_plugin(name, collection, trt.TensorRTPhase.BUILD)
     if plugin is None:
         raise UsageError(f"TensorRT plugin {name} rejected its fields {[(n, v.tolist()) for n, v, _ in fields]}")
@@ -155,8 +169,17 @@ class TreeVerifyTensors:
     keep_nodes: Any
 
 
-def add_tree_verify(network, paths, draft_tokens, target, mode: str = "greedy", target_kind: str = "ids",
-                    temperature=None, seed=None, library=None) -> TreeVerifyTensors:
+def add_tree_verify(
+    network,
+    paths,
+    draft_tokens,
+    target,
+    mode: str = "greedy",
+    target_kind: str = "ids",
+    temperature=None,
+    seed=None,
+    library=None,
+) -> TreeVerifyTensors:
     """Tree verification inside the engine. paths int32 [P, L] (a constant of TreeBuffers.paths),
     draft_tokens int32 [B, N1], target ids int32 [B, N1] or logits/probs [B, N1, V]; sampling needs seed
     (int64 [1], or [2] = (seed, step): the step keeps draws fresh under one seed) and, on logits,

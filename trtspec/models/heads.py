@@ -49,11 +49,20 @@ class LinearHeads(nn.Module):
     """Medusa and mtp-linear: K heads on the target's final hidden state; head k predicts the token
     k+2 positions ahead (k+1 past the target's own next token). mtp-linear adds a per-head RMSNorm."""
 
-    def __init__(self, num_heads: int, hidden: int, vocab: int, num_layers: int = 1, has_norm: bool = False,
-                 eps: float = 1e-6, own_lm_head: bool = False):
+    def __init__(
+        self,
+        num_heads: int,
+        hidden: int,
+        vocab: int,
+        num_layers: int = 1,
+        has_norm: bool = False,
+        eps: float = 1e-6,
+        own_lm_head: bool = False,
+    ):
         super().__init__()
-        self.heads = nn.ModuleList(LinearHead(hidden, vocab, num_layers, has_norm, eps, own_lm_head)
-                                   for _ in range(num_heads))
+        self.heads = nn.ModuleList(
+            LinearHead(hidden, vocab, num_layers, has_norm, eps, own_lm_head) for _ in range(num_heads)
+        )
 
     def forward(self, h: torch.Tensor, shared_lm_head: torch.Tensor) -> torch.Tensor:
         """h [..., H] -> logits [K, ..., V] (float32)."""
@@ -69,8 +78,15 @@ class _RecurrentHead(nn.Module):
 
     arch: LlamaArch
 
-    def forward(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                new_mask: torch.Tensor, lm_head: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        emb: torch.Tensor,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        new_mask: torch.Tensor,
+        lm_head: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.features(emb, h, positions, cache, new_mask)
         return out, self.head_logits(out, lm_head)
 
@@ -78,8 +94,14 @@ class _RecurrentHead(nn.Module):
         p = next(self.parameters())
         return KVCache(1, batch, self.arch.num_key_value_heads, self.arch.head_dim, capacity, p.dtype, p.device)
 
-    def run_layer(self, x: torch.Tensor, positions: torch.Tensor, cache: KVCache, new_mask: torch.Tensor,
-                  attn_input: torch.Tensor | None = None) -> torch.Tensor:
+    def run_layer(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        new_mask: torch.Tensor,
+        attn_input: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         cache.ensure(int(cache.lengths.max()) + x.shape[1])
         cos, sin = self.rotary(positions, x.dtype)
         mask = attention_mask(cache.lengths, new_mask)
@@ -102,8 +124,9 @@ class MtpSingleHead(_RecurrentHead):
         self.norm = RMSNorm(H, eps) if has_rmsnorm else None
         self.rotary = Rotary(arch)
 
-    def features(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                 new_mask: torch.Tensor) -> torch.Tensor:
+    def features(
+        self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache, new_mask: torch.Tensor
+    ) -> torch.Tensor:
         e = self.enorm(emb) if self.enorm is not None else emb
         hh = self.hnorm(h) if self.hnorm is not None else h
         x = self.eh_proj(torch.cat([e, hh], dim=-1))
@@ -125,8 +148,9 @@ class EagleHead(_RecurrentHead):
         self.layer = DecoderLayer(arch, has_input_norm=False)
         self.rotary = Rotary(arch)
 
-    def features(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                 new_mask: torch.Tensor) -> torch.Tensor:
+    def features(
+        self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache, new_mask: torch.Tensor
+    ) -> torch.Tensor:
         return self.run_layer(self.fc(torch.cat([emb, h], dim=-1)), positions, cache, new_mask)
 
     def head_logits(self, out: torch.Tensor, lm_head: torch.Tensor) -> torch.Tensor:
@@ -150,8 +174,9 @@ class Eagle3Head(_RecurrentHead):
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
         self.rotary = Rotary(arch)
 
-    def features(self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                 new_mask: torch.Tensor) -> torch.Tensor:
+    def features(
+        self, emb: torch.Tensor, h: torch.Tensor, positions: torch.Tensor, cache: KVCache, new_mask: torch.Tensor
+    ) -> torch.Tensor:
         g = self.fc(h) if h.shape[-1] != self.arch.hidden_size else h
         u = torch.cat([self.layer.input_layernorm(emb), self.layer.hidden_norm(g)], dim=-1)
         return self.run_layer(g, positions, cache, new_mask, attn_input=u)

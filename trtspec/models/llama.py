@@ -68,8 +68,16 @@ class KVCache:
     then ``commit``s the tokens it keeps (all of them after a prefill, the accepted path after a tree).
     """
 
-    def __init__(self, num_layers: int, batch: int, n_kv: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        n_kv: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ):
         self.k = [torch.zeros(batch, capacity, n_kv, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros_like(t) for t in self.k]
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
@@ -106,7 +114,7 @@ class KVCache:
                 src = start + idx
                 for store in (self.k, self.v):
                     for t in store:
-                        t[b, start:start + n] = t[b, src]
+                        t[b, start : start + n] = t[b, src]
             self.lengths[b] += n
 
 
@@ -145,8 +153,12 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     bias = _additive_mask(mask, r)  # [B, r*T, S]
     if B > 1:
         bias = bias[:, None].expand(B, Hkv, r * T, S).reshape(B * Hkv, r * T, S)
-    scores = torch.baddbmm(bias, q.reshape(B * Hkv, r * T, d).double(), k.double().reshape(B * Hkv, S, d).transpose(1, 2),
-                           alpha=1.0 / math.sqrt(d))
+    scores = torch.baddbmm(
+        bias,
+        q.reshape(B * Hkv, r * T, d).double(),
+        k.double().reshape(B * Hkv, S, d).transpose(1, 2),
+        alpha=1.0 / math.sqrt(d),
+    )
     out = torch.bmm(torch.softmax(scores, dim=-1), v.double().reshape(B * Hkv, S, d))
     return out.view(B, Hq, T, d).to(q.dtype)
 
@@ -185,8 +197,9 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int, mask: torch.Tensor
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         if self.qkv is not None:
             q, k, v = self.qkv(x).split(self.qkv.split_sizes, dim=-1)
@@ -210,8 +223,9 @@ class Attention(nn.Module):
         if self.batch_invariant and T <= EXACT_ATTENTION_MAX_TOKENS:
             out = exact_attention(q.transpose(1, 2), keys, vals, mask)
         else:
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
-                                                 enable_gqa=self.n_heads != self.n_kv)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv
+            )
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -242,8 +256,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
         self.mlp = MLP(arch)
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
-                mask: torch.Tensor, attn_input: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache,
+        layer: int,
+        mask: torch.Tensor,
+        attn_input: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if attn_input is None:
             attn_input = self.input_layernorm(h) if self.input_layernorm is not None else h
         a = h + self.self_attn(attn_input, cos, sin, cache, layer, mask)
@@ -276,11 +298,18 @@ class LlamaModel(nn.Module):
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         p = self.lm_head.weight
-        return KVCache(len(self.layers), batch, self.arch.num_key_value_heads, self.arch.head_dim, capacity,
-                       p.dtype, p.device)
+        return KVCache(
+            len(self.layers), batch, self.arch.num_key_value_heads, self.arch.head_dim, capacity, p.dtype, p.device
+        )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache,
-                new_mask: torch.Tensor, aux_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        new_mask: torch.Tensor,
+        aux_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run T new tokens per sequence. Returns the final (post-norm) hidden states [B, T, H] and the
         residual stream entering each layer in ``aux_layers`` (EAGLE-3's low/mid/high features)."""
         cache.ensure(int(cache.lengths.max()) + input_ids.shape[1])

@@ -50,8 +50,9 @@ class PackedLinear(nn.Module):
         weight = torch.cat([m.weight.detach() for m in linears]).to(torch.bfloat16).contiguous()
         biases = [m.bias for m in linears]
         if any(b is not None for b in biases):
-            bias = torch.cat([b.detach() if b is not None else weight.new_zeros(m.out_features)
-                              for b, m in zip(biases, linears)]).to(torch.bfloat16)
+            bias = torch.cat(
+                [b.detach() if b is not None else weight.new_zeros(m.out_features) for b, m in zip(biases, linears)]
+            ).to(torch.bfloat16)
         else:
             bias = None
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]

@@ -45,9 +45,10 @@ class AdaptiveSpeculation:
     def __post_init__(self) -> None:
         depth = self.full.max_depth
         self.options = [build_tree(())] + [
-            build_tree(tuple(c for c in self.full.choices if len(c) <= d)) for d in range(1, depth + 1)]
+            build_tree(tuple(c for c in self.full.choices if len(c) <= d)) for d in range(1, depth + 1)
+        ]
         self.times = [[] for _ in self.options]
-        self.accept = [self.prior_accept ** d for d in range(1, depth + 1)]
+        self.accept = [self.prior_accept**d for d in range(1, depth + 1)]
         self.seen = [0] * depth  # steps that measured each depth
         self._interval = self.probe_every
         self._since_probe = 0
@@ -79,7 +80,7 @@ class AdaptiveSpeculation:
         t = self.times[option]
         if not t:
             return None
-        return min(t[1:][-self.window:]) if len(t) > 1 else t[0]
+        return min(t[1:][-self.window :]) if len(t) > 1 else t[0]
 
     def estimated_time(self, option: int) -> float | None:
         """Measured, else linear in the tree's nodes through plain and the nearest measured option."""
@@ -87,8 +88,11 @@ class AdaptiveSpeculation:
         if t is not None:
             return t
         t0 = self.measured_time(0)
-        ref = min((k for k in range(1, len(self.options)) if self.measured_time(k) is not None),
-                  key=lambda k: abs(k - option), default=None)
+        ref = min(
+            (k for k in range(1, len(self.options)) if self.measured_time(k) is not None),
+            key=lambda k: abs(k - option),
+            default=None,
+        )
         if t0 is None or ref is None:
             return None
         per_node = max(self.measured_time(ref) - t0, 0.0) / max(self.options[ref].num_nodes, 1)
@@ -135,7 +139,7 @@ class AdaptiveSpeculation:
         """What the step chosen by the last ``choose`` cost and accepted (one entry per live sequence)."""
         k = self._last
         self.times[k].append(wall_s)
-        del self.times[k][1:-self.window]  # keep the first (warm-up) sample and a window of recent ones
+        del self.times[k][1 : -self.window]  # keep the first (warm-up) sample and a window of recent ones
         if k == 0 or not accepted:
             return
         if self._explored < self.explore_steps:
@@ -143,7 +147,9 @@ class AdaptiveSpeculation:
         n = len(accepted)
         for d in range(1, k + 1):
             hit = sum(1 for a in accepted if a >= d) / n
-            self.accept[d - 1] = hit if not self.seen[d - 1] else (1 - self.alpha) * self.accept[d - 1] + self.alpha * hit
+            self.accept[d - 1] = (
+                hit if not self.seen[d - 1] else (1 - self.alpha) * self.accept[d - 1] + self.alpha * hit
+            )
             self.seen[d - 1] += 1
         if self._explored >= self.explore_steps:
             pays = (self.rate(k) or 0.0) > (self.rate(0) or 0.0) * (1 + self.margin)

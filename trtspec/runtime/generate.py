@@ -56,16 +56,16 @@ class GenerationConfig:
 class SpecMetrics:
     """Acceptance metrics as the field reports them (vLLM / TensorRT-LLM naming in to_dict)."""
 
-    target_steps: int = 0           # target forward passes after the prefill (batched)
-    sequence_steps: int = 0         # (sequence, step) pairs that produced tokens
-    draft_tokens: int = 0           # draft tokens verified (tree nodes x sequence steps)
+    target_steps: int = 0  # target forward passes after the prefill (batched)
+    sequence_steps: int = 0  # (sequence, step) pairs that produced tokens
+    draft_tokens: int = 0  # draft tokens verified (tree nodes x sequence steps)
     accepted_draft_tokens: int = 0
     new_tokens: int = 0
     wall_s: float = 0.0
     prefill_s: float = 0.0
     acceptance_histogram: list[int] = field(default_factory=list)  # [a] = steps that accepted a drafts
     max_depth: int = 0
-    speculative_steps: int = 0      # target steps that verified a draft tree (adaptive runs skip some)
+    speculative_steps: int = 0  # target steps that verified a draft tree (adaptive runs skip some)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -85,36 +85,54 @@ class SpecMetrics:
     def merge(self, other: SpecMetrics) -> SpecMetrics:
         """The metrics of both runs (or steps) together; neither operand changes."""
         n = max(len(self.acceptance_histogram), len(other.acceptance_histogram))
-        hist = [(self.acceptance_histogram[i] if i < len(self.acceptance_histogram) else 0)
-                + (other.acceptance_histogram[i] if i < len(other.acceptance_histogram) else 0) for i in range(n)]
+        hist = [
+            (self.acceptance_histogram[i] if i < len(self.acceptance_histogram) else 0)
+            + (other.acceptance_histogram[i] if i < len(other.acceptance_histogram) else 0)
+            for i in range(n)
+        ]
         return SpecMetrics(
             target_steps=self.target_steps + other.target_steps,
             sequence_steps=self.sequence_steps + other.sequence_steps,
             draft_tokens=self.draft_tokens + other.draft_tokens,
             accepted_draft_tokens=self.accepted_draft_tokens + other.accepted_draft_tokens,
-            new_tokens=self.new_tokens + other.new_tokens, wall_s=self.wall_s + other.wall_s,
-            prefill_s=self.prefill_s + other.prefill_s, acceptance_histogram=hist,
+            new_tokens=self.new_tokens + other.new_tokens,
+            wall_s=self.wall_s + other.wall_s,
+            prefill_s=self.prefill_s + other.prefill_s,
+            acceptance_histogram=hist,
             max_depth=max(self.max_depth, other.max_depth),
-            speculative_steps=self.speculative_steps + other.speculative_steps)
+            speculative_steps=self.speculative_steps + other.speculative_steps,
+        )
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(mean_acceptance_length=self.mean_acceptance_length,
-                 per_position_acceptance=self.per_position_acceptance, tokens_per_s=self.tokens_per_s,
-                 acceptance_rate=self.accepted_draft_tokens / max(self.draft_tokens, 1))
+        d.update(
+            mean_acceptance_length=self.mean_acceptance_length,
+            per_position_acceptance=self.per_position_acceptance,
+            tokens_per_s=self.tokens_per_s,
+            acceptance_rate=self.accepted_draft_tokens / max(self.draft_tokens, 1),
+        )
         return d
 
 
-def step_metrics(accepted: list[int | None], new_tokens: int, draft_nodes: int, max_depth: int,
-                 wall_s: float) -> SpecMetrics:
+def step_metrics(
+    accepted: list[int | None], new_tokens: int, draft_nodes: int, max_depth: int, wall_s: float
+) -> SpecMetrics:
     """One target step's metrics; ``accepted`` has None for sequences that had already finished."""
     live = [a for a in accepted if a is not None]
     hist = [0] * (max(live + [max_depth]) + 1)
     for a in live:
         hist[a] += 1
-    return SpecMetrics(target_steps=1, sequence_steps=len(live), draft_tokens=draft_nodes * len(live),
-                       accepted_draft_tokens=sum(live), new_tokens=new_tokens, wall_s=wall_s,
-                       acceptance_histogram=hist, max_depth=max_depth, speculative_steps=int(draft_nodes > 0))
+    return SpecMetrics(
+        target_steps=1,
+        sequence_steps=len(live),
+        draft_tokens=draft_nodes * len(live),
+        accepted_draft_tokens=sum(live),
+        new_tokens=new_tokens,
+        wall_s=wall_s,
+        acceptance_histogram=hist,
+        max_depth=max_depth,
+        speculative_steps=int(draft_nodes > 0),
+    )
 
 
 @dataclass(frozen=True)
@@ -178,8 +196,9 @@ def finished(produced: list[int], cfg: GenerationConfig, eos: frozenset[int]) ->
     return len(produced) >= cfg.max_new_tokens or (bool(produced) and produced[-1] in eos)
 
 
-def prefill(target: LlamaModel, drafter: Drafter | None, prompts: list[list[int]], cfg: GenerationConfig,
-            tree: TreeBuffers) -> tuple[Batch, StepOutput]:
+def prefill(
+    target: LlamaModel, drafter: Drafter | None, prompts: list[list[int]], cfg: GenerationConfig, tree: TreeBuffers
+) -> tuple[Batch, StepOutput]:
     """Run the prompts through the target, pick each sequence's first token, let the drafter observe."""
     t0 = time.perf_counter()
     B = len(prompts)
@@ -197,10 +216,12 @@ def prefill(target: LlamaModel, drafter: Drafter | None, prompts: list[list[int]
     if drafter is not None:
         drafter.reset(B, capacity)
         aux_cat = torch.cat(aux, -1) if aux else None
-        drafter.observe([hidden[b, : lengths[b]] for b in range(B)],
-                        [aux_cat[b, : lengths[b]] for b in range(B)] if aux_cat is not None else None,
-                        [ids[b, : lengths[b]] for b in range(B)],
-                        [torch.cat([ids[b, 1: lengths[b]], root[b:b + 1]]) for b in range(B)])
+        drafter.observe(
+            [hidden[b, : lengths[b]] for b in range(B)],
+            [aux_cat[b, : lengths[b]] for b in range(B)] if aux_cat is not None else None,
+            [ids[b, : lengths[b]] for b in range(B)],
+            [torch.cat([ids[b, 1 : lengths[b]], root[b : b + 1]]) for b in range(B)],
+        )
     eos = eos_set(cfg.eos_token_id)
     produced = [[int(root[b])] for b in range(B)]
     batch = Batch(cache, root, produced, [finished(p, cfg, eos) for p in produced], eos, cfg)
@@ -214,8 +235,9 @@ def propose(drafter: Drafter | None, tree: TreeBuffers, batch: Batch) -> torch.T
     return drafter.propose(tree, batch.root) if drafter is not None else batch.root[:, None]
 
 
-def verify(target: LlamaModel, tree: TreeBuffers, drafts: torch.Tensor, batch: Batch,
-           aux_layers: tuple[int, ...]) -> tuple[VerifyResult, torch.Tensor, tuple[torch.Tensor, ...]]:
+def verify(
+    target: LlamaModel, tree: TreeBuffers, drafts: torch.Tensor, batch: Batch, aux_layers: tuple[int, ...]
+) -> tuple[VerifyResult, torch.Tensor, tuple[torch.Tensor, ...]]:
     """One target forward over [root + tree]; the accepted path and bonus token per sequence, plus the
     hidden states (and aux layers') the drafter will observe at the kept nodes."""
     positions = batch.cache.lengths[:, None] + tree.depths[None, :]
@@ -228,8 +250,15 @@ def verify(target: LlamaModel, tree: TreeBuffers, drafts: torch.Tensor, batch: B
     return verify_sampling(tree, drafts, probs, seed=cfg.seed * 1_000_003 + batch.steps), hidden, aux
 
 
-def commit(drafter: Drafter | None, tree: TreeBuffers, batch: Batch, drafts: torch.Tensor, res: VerifyResult,
-           hidden: torch.Tensor, aux: tuple[torch.Tensor, ...]) -> tuple[list[list[int]], list[int | None]]:
+def commit(
+    drafter: Drafter | None,
+    tree: TreeBuffers,
+    batch: Batch,
+    drafts: torch.Tensor,
+    res: VerifyResult,
+    hidden: torch.Tensor,
+    aux: tuple[torch.Tensor, ...],
+) -> tuple[list[list[int]], list[int | None]]:
     """Keep root + accepted nodes in the KV cache, hand each live sequence its new tokens, and queue the
     target's states at the kept nodes for the drafter (it observes them before its next proposal)."""
     keep = [torch.tensor(k, dtype=torch.long) for k in res.keep_nodes]
@@ -251,9 +280,14 @@ def commit(drafter: Drafter | None, tree: TreeBuffers, batch: Batch, drafts: tor
     if drafter is not None:  # observed before the next proposal (observe_pending), in one call
         B = len(keep)
         aux_cat = torch.cat(aux, -1) if aux else None
-        batch.pending.append(([hidden[b, keep[b]] for b in range(B)],
-                              [aux_cat[b, keep[b]] for b in range(B)] if aux_cat is not None else None,
-                              [drafts[b, keep[b]] for b in range(B)], [torch.tensor(res.tokens[b]) for b in range(B)]))
+        batch.pending.append(
+            (
+                [hidden[b, keep[b]] for b in range(B)],
+                [aux_cat[b, keep[b]] for b in range(B)] if aux_cat is not None else None,
+                [drafts[b, keep[b]] for b in range(B)],
+                [torch.tensor(res.tokens[b]) for b in range(B)],
+            )
+        )
     return fresh, accepted
 
 
@@ -274,8 +308,9 @@ def observe_pending(drafter: Drafter, batch: Batch) -> None:
     drafter.observe(joined(0), joined(1), joined(2), joined(3))
 
 
-def decode(target: LlamaModel, drafter: Drafter | None, tree: TreeBuffers, prompts: list[list[int]],
-           cfg: GenerationConfig) -> Iterator[StepOutput]:
+def decode(
+    target: LlamaModel, drafter: Drafter | None, tree: TreeBuffers, prompts: list[list[int]], cfg: GenerationConfig
+) -> Iterator[StepOutput]:
     """The whole loop: prefill, then propose -> verify -> commit until every sequence is done. With no
     drafter (or an empty tree) it is plain decoding through the same code."""
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -300,8 +335,11 @@ def decode(target: LlamaModel, drafter: Drafter | None, tree: TreeBuffers, promp
         wall = time.perf_counter() - t0
         if policy is not None:
             policy.record([a for a in accepted if a is not None], wall)
-        yield StepOutput(fresh, accepted,
-                         step_metrics(accepted, sum(len(f) for f in fresh), step_tree.num_nodes, tree.max_depth, wall))
+        yield StepOutput(
+            fresh,
+            accepted,
+            step_metrics(accepted, sum(len(f) for f in fresh), step_tree.num_nodes, tree.max_depth, wall),
+        )
 
 
 class SpeculativeGenerator:
@@ -325,14 +363,16 @@ class SpeculativeGenerator:
         self.tree: TreeBuffers = build_tree(spec.tree.choices)
 
     @torch.no_grad()
-    def stream_batch(self, prompts: list[list[int]], cfg: GenerationConfig,
-                     tree: TreeBuffers | None = None) -> Iterator[StepOutput]:
+    def stream_batch(
+        self, prompts: list[list[int]], cfg: GenerationConfig, tree: TreeBuffers | None = None
+    ) -> Iterator[StepOutput]:
         """Yield, after the prefill and after every target step, what each sequence committed."""
         drafter = self.drafter if cfg.speculative else None
         yield from decode(self.target, drafter, tree if tree is not None else self.tree, prompts, cfg)
 
-    def generate(self, prompts: list[list[int]], cfg: GenerationConfig | None = None,
-                 tree: TreeBuffers | None = None) -> GenerationResult:
+    def generate(
+        self, prompts: list[list[int]], cfg: GenerationConfig | None = None, tree: TreeBuffers | None = None
+    ) -> GenerationResult:
         cfg = cfg or GenerationConfig()
         out: list[list[int]] = [[] for _ in prompts]
         metrics = SpecMetrics()

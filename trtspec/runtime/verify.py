@@ -25,6 +25,7 @@ import torch
 
 from trtspec.tree import TreeBuffers
 
+
 def _splitmix64(x: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         x = x + np.uint64(0x9E3779B97F4A7C15)
@@ -97,8 +98,9 @@ def sample_from(p: torch.Tensor, u: float) -> int:
     return min(idx, p.numel() - 1)
 
 
-def verify_sampling(tree: TreeBuffers, draft_tokens: torch.Tensor, target_probs: torch.Tensor,
-                    seed: int) -> VerifyResult:
+def verify_sampling(
+    tree: TreeBuffers, draft_tokens: torch.Tensor, target_probs: torch.Tensor, seed: int
+) -> VerifyResult:
     """target_probs [B, N+1, V]: the target's (temperature/top-k/top-p processed) distribution after
     each node. Lossless rejection sampling as described in the module docstring."""
     kids = tree.child_lists

@@ -113,11 +113,14 @@ class _Parts:
             self.tv.append(tv)
 
     def record(self, generated: bool) -> _Record:
-        return _Record(torch.cat(self.tokens).numpy().astype(np.int32), _to_f16(torch.cat(self.hidden).float()),
-                       torch.cat(self.argmax).numpy().astype(np.int32),
-                       torch.cat(self.ti).numpy().astype(np.int32) if self.ti else None,
-                       torch.cat(self.tv).to(torch.float16).numpy() if self.tv else None,
-                       self.plen if generated else 1)
+        return _Record(
+            torch.cat(self.tokens).numpy().astype(np.int32),
+            _to_f16(torch.cat(self.hidden).float()),
+            torch.cat(self.argmax).numpy().astype(np.int32),
+            torch.cat(self.ti).numpy().astype(np.int32) if self.ti else None,
+            torch.cat(self.tv).to(torch.float16).numpy() if self.tv else None,
+            self.plen if generated else 1,
+        )
 
 
 def _prefill(model: LlamaModel, rows: list[list[int]], topk: int):
@@ -135,8 +138,15 @@ def _prefill(model: LlamaModel, rows: list[list[int]], topk: int):
     out, a = [], 0
     for b in range(B):
         n = int(lengths[b])
-        out.append((ids[b, :n], hidden[b, :n], am[a:a + n], ti[a:a + n] if ti is not None else None,
-                    tv[a:a + n] if tv is not None else None))
+        out.append(
+            (
+                ids[b, :n],
+                hidden[b, :n],
+                am[a : a + n],
+                ti[a : a + n] if ti is not None else None,
+                tv[a : a + n] if tv is not None else None,
+            )
+        )
         a += n
     return cache, lengths, out
 
@@ -172,8 +182,9 @@ def _compact(cache: KVCache, keep: list[int]) -> None:
 
 
 @torch.no_grad()
-def generate_pool(model: LlamaModel, items: list[list[int]], gen_tokens: int, topk: int, eos: set[int],
-                  rows: int) -> list[_Record]:
+def generate_pool(
+    model: LlamaModel, items: list[list[int]], gen_tokens: int, topk: int, eos: set[int], rows: int
+) -> list[_Record]:
     """Greedy replies of up to ``gen_tokens`` tokens to every item, ``rows`` sequences decoding at once
     with a KV cache (continuous batching): when a reply ends (EOS or length), the next prompt is prefilled
     into its row, so the batch stays full and every decode step is a ``rows``-row matmul instead of a
@@ -185,8 +196,8 @@ def generate_pool(model: LlamaModel, items: list[list[int]], gen_tokens: int, to
     capacity = max(len(it) for it in items) + gen_tokens + 1
     cache = model.new_cache(W, capacity)
     parts: list[_Parts | None] = [None] * n
-    slot: list[int] = [-1] * W          # item held by each row (-1: free)
-    steps_left = [0] * W                # decode steps each row may still take
+    slot: list[int] = [-1] * W  # item held by each row (-1: free)
+    steps_left = [0] * W  # decode steps each row may still take
     cur = torch.zeros(W, dtype=torch.long)
     nxt = 0
     while True:
@@ -229,8 +240,13 @@ def generate_pool(model: LlamaModel, items: list[list[int]], gen_tokens: int, to
         cache.commit([torch.arange(1 if slot[r] >= 0 else 0) for r in range(W)])
         am, ti, tv = _labels(model, h[:, 0], topk)
         for r in live:
-            parts[slot[r]].add(cur[r:r + 1], h[r, :1], am[r:r + 1], ti[r:r + 1] if ti is not None else None,
-                               tv[r:r + 1] if tv is not None else None)
+            parts[slot[r]].add(
+                cur[r : r + 1],
+                h[r, :1],
+                am[r : r + 1],
+                ti[r : r + 1] if ti is not None else None,
+                tv[r : r + 1] if tv is not None else None,
+            )
             steps_left[r] -= 1
             if steps_left[r] == 0 or int(am[r]) in eos:
                 slot[r] = -1
@@ -239,8 +255,15 @@ def generate_pool(model: LlamaModel, items: list[list[int]], gen_tokens: int, to
 
 
 @torch.no_grad()
-def run_items(model: LlamaModel, items: list[list[int]], mode: str, gen_tokens: int, topk: int,
-              eos: set[int], rows: int | None = None) -> list[_Record]:
+def run_items(
+    model: LlamaModel,
+    items: list[list[int]],
+    mode: str,
+    gen_tokens: int,
+    topk: int,
+    eos: set[int],
+    rows: int | None = None,
+) -> list[_Record]:
     """Records for ``items``: ``teacher`` -- one batched prefill, labels on the data's own tokens;
     ``generate`` -- the target's greedy replies (``generate_pool`` with ``rows`` sequences in flight,
     default all). The same model code as the runtime's target forward."""
@@ -280,10 +303,21 @@ def _write_meta(directory: Path, meta: dict) -> None:
     os.replace(tmp, directory / META)
 
 
-def build_cache(target: TargetSpec, items: list[list[int]], out: str | Path, mode: str = "generate",
-                gen_tokens: int = 128, topk: int = 0, batch_size: int = 16, shard_tokens: int = 32768,
-                model: LlamaModel | None = None, progress: bool = True, rank: int = 0, world: int = 1,
-                dtype: str = "float32") -> Path:
+def build_cache(
+    target: TargetSpec,
+    items: list[list[int]],
+    out: str | Path,
+    mode: str = "generate",
+    gen_tokens: int = 128,
+    topk: int = 0,
+    batch_size: int = 16,
+    shard_tokens: int = 32768,
+    model: LlamaModel | None = None,
+    progress: bool = True,
+    rank: int = 0,
+    world: int = 1,
+    dtype: str = "float32",
+) -> Path:
     """Build (or resume) the cache for ``items`` (token-id prompts/texts). Returns the cache dir.
 
     ``dtype`` is the target's compute dtype: ``bfloat16`` (pre-packed oneDNN matmuls on CPUs with native
@@ -301,8 +335,14 @@ def build_cache(target: TargetSpec, items: list[list[int]], out: str | Path, mod
     if not items:
         raise UsageError("no data items to cache")
     out = Path(out)
-    options = {"mode": mode, "gen_tokens": gen_tokens if mode == "generate" else 0, "topk": topk,
-               "fingerprint": target.fingerprint, "world": world, "batch_size": batch_size}
+    options = {
+        "mode": mode,
+        "gen_tokens": gen_tokens if mode == "generate" else 0,
+        "topk": topk,
+        "fingerprint": target.fingerprint,
+        "world": world,
+        "batch_size": batch_size,
+    }
     if dtype != "float32":  # float32 caches keep the hash they had before the option existed
         options["dtype"] = dtype
     dhash = data_hash(items, options)
@@ -312,19 +352,30 @@ def build_cache(target: TargetSpec, items: list[list[int]], out: str | Path, mod
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         if meta.get("data_hash") != dhash:
-            raise UsageError(f"{out}: this cache was built from other data, options or target "
-                             f"(hash {meta.get('data_hash')} != {dhash}); delete it or pass another --cache")
+            raise UsageError(
+                f"{out}: this cache was built from other data, options or target "
+                f"(hash {meta.get('data_hash')} != {dhash}); delete it or pass another --cache"
+            )
     else:
-        meta = {"format": FORMAT, "version": 1, "data_hash": dhash, **options,
-                "hidden_size": target.arch.hidden_size, "vocab_size": target.arch.vocab_size,
-                "target_path": str(target.path), "num_items": len(items), "shards": [], "complete": False}
+        meta = {
+            "format": FORMAT,
+            "version": 1,
+            "data_hash": dhash,
+            **options,
+            "hidden_size": target.arch.hidden_size,
+            "vocab_size": target.arch.vocab_size,
+            "target_path": str(target.path),
+            "num_items": len(items),
+            "shards": [],
+            "complete": False,
+        }
         _write_meta(part, meta)
     if meta.get("complete"):
         return out
     for stale in part.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     order = sorted(range(len(items)), key=lambda i: (len(items[i]), i))  # less padding, deterministic
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     mine = [bi for bi in range(len(batches)) if bi % world == rank]
     done_batches = sum(s["batches"] for s in meta["shards"])
     eos = target.arch.eos_token_id
@@ -337,8 +388,14 @@ def build_cache(target: TargetSpec, items: list[list[int]], out: str | Path, mod
         pack_if_bf16(model, torch_dtype)
     from tqdm import tqdm
 
-    bar = tqdm(total=len(mine), initial=done_batches, desc="cache", unit="batch", disable=not progress or rank != 0,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=len(mine),
+        initial=done_batches,
+        desc="cache",
+        unit="batch",
+        disable=not progress or rank != 0,
+        dynamic_ncols=True,
+    )
     pending: list[_Record] = []
     pending_batches = 0
     n_tokens, t0 = 0, time.perf_counter()
@@ -346,9 +403,10 @@ def build_cache(target: TargetSpec, items: list[list[int]], out: str | Path, mod
         todo = mine[done_batches:]
         per_call = POOL_BATCHES if mode == "generate" else 1
         for g in range(0, len(todo), per_call):
-            group = todo[g:g + per_call]
-            recs = run_items(model, [items[i] for bi in group for i in batches[bi]], mode, gen_tokens, topk, eos_set,
-                             rows=batch_size)
+            group = todo[g : g + per_call]
+            recs = run_items(
+                model, [items[i] for bi in group for i in batches[bi]], mode, gen_tokens, topk, eos_set, rows=batch_size
+            )
             pending.extend(recs)
             pending_batches += len(group)
             n_tokens += sum(len(r.tokens) for r in recs)
@@ -388,8 +446,13 @@ class _Shard:
 class HiddenCache:
     """Read side: memory-mapped shards and a list of sequences (shard, start, length)."""
 
-    def __init__(self, directory: str | Path, fingerprint: str | None = None, allow_incomplete: bool = False,
-                 world: int | None = None):
+    def __init__(
+        self,
+        directory: str | Path,
+        fingerprint: str | None = None,
+        allow_incomplete: bool = False,
+        world: int | None = None,
+    ):
         self.dir = Path(directory)
         parts = sorted(self.dir.glob("part-*-of-*"))
         if not parts:
@@ -398,10 +461,15 @@ class HiddenCache:
         if world is not None:
             parts = [p for p in parts if p.name.endswith(f"-of-{world}")]
         elif len(worlds) > 1:
-            raise CheckpointError(f"the cache holds builds for several world sizes ({', '.join(worlds)})", self.dir,
-                                  "delete it or pass the world size")
+            raise CheckpointError(
+                f"the cache holds builds for several world sizes ({', '.join(worlds)})",
+                self.dir,
+                "delete it or pass the world size",
+            )
         if not parts:
-            raise CheckpointError(f"no cache parts built with {world} ranks", self.dir, "the cache is rebuilt by train-heads")
+            raise CheckpointError(
+                f"no cache parts built with {world} ranks", self.dir, "the cache is rebuilt by train-heads"
+            )
         self.shards: list[_Shard] = []
         self.meta: dict = {}
         for p in parts:
@@ -436,8 +504,8 @@ class HiddenCache:
     def sequence(self, i: int) -> dict[str, np.ndarray]:
         si, a, n = self.sequences[i]
         s = self.shards[si]
-        out = {"hidden": s.hidden[a:a + n], "tokens": s.tokens[a:a + n], "argmax": s.argmax[a:a + n]}
+        out = {"hidden": s.hidden[a : a + n], "tokens": s.tokens[a : a + n], "argmax": s.argmax[a : a + n]}
         if s.topk_ids is not None:
-            out["topk_ids"] = s.topk_ids[a:a + n]
-            out["topk_logits"] = s.topk_logits[a:a + n]
+            out["topk_ids"] = s.topk_ids[a : a + n]
+            out["topk_logits"] = s.topk_logits[a : a + n]
         return out

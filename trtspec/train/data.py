@@ -23,8 +23,15 @@ from typing import Any
 
 from trtspec.errors import CheckpointError, UsageError
 
-_ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
-             "bot": "assistant", "system": "system"}
+_ROLE_MAP = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "bot": "assistant",
+    "system": "system",
+}
 
 
 @dataclass(frozen=True)
@@ -37,8 +44,9 @@ class Sample:
 
 def _messages(obj: Any, where: str) -> tuple[tuple[str, str], ...]:
     if not isinstance(obj, list) or not obj:
-        raise CheckpointError(f"{where}: 'messages' must be a non-empty list", None,
-                              'use [{"role": "user", "content": "..."}, ...]')
+        raise CheckpointError(
+            f"{where}: 'messages' must be a non-empty list", None, 'use [{"role": "user", "content": "..."}, ...]'
+        )
     out = []
     for m in obj:
         if not isinstance(m, dict):
@@ -55,15 +63,17 @@ def _sample(obj: Any, where: str) -> Sample:
     if isinstance(obj, str):
         return Sample(text=obj)
     if not isinstance(obj, dict):
-        raise CheckpointError(f"{where}: expected a JSON object, got {type(obj).__name__}", None,
-                              'each line must be {"text": ...} or {"messages": [...]}')
+        raise CheckpointError(
+            f"{where}: expected a JSON object, got {type(obj).__name__}",
+            None,
+            'each line must be {"text": ...} or {"messages": [...]}',
+        )
     if isinstance(obj.get("text"), str):
         return Sample(text=obj["text"])
     for key in ("messages", "conversations", "conversation"):
         if key in obj:
             return Sample(messages=_messages(obj[key], where))
-    raise CheckpointError(f"{where}: object has none of 'text', 'messages', 'conversations' "
-                          f"(keys: {sorted(obj)[:6]})")
+    raise CheckpointError(f"{where}: object has none of 'text', 'messages', 'conversations' (keys: {sorted(obj)[:6]})")
 
 
 def read_jsonl(path: Path) -> list[Sample]:
@@ -75,8 +85,9 @@ def read_jsonl(path: Path) -> list[Sample]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise CheckpointError(f"line {i} is not valid JSON ({exc.msg})", path,
-                                      "one JSON object per line") from None
+                raise CheckpointError(
+                    f"line {i} is not valid JSON ({exc.msg})", path, "one JSON object per line"
+                ) from None
             out.append(_sample(obj, f"{path}:{i}"))
     return out
 
@@ -108,8 +119,9 @@ def chitchat_conversations(limit: int | None = None) -> list[list[str]]:
     try:
         import chitchat_dataset
     except ImportError:
-        raise UsageError("the chitchat corpus needs the chitchat-dataset package: "
-                         "pip install --no-deps chitchat-dataset==0.9.0") from None
+        raise UsageError(
+            "the chitchat corpus needs the chitchat-dataset package: pip install --no-deps chitchat-dataset==0.9.0"
+        ) from None
     raw = chitchat_dataset.Dataset()
     convs = []
     for conv in raw.values():
@@ -154,7 +166,13 @@ def load_samples(sources: list[str] | tuple[str, ...], seed: int = 0) -> list[Sa
             if path.stat().st_size == 0:
                 raise CheckpointError("data file is empty", path, "give it at least one sample")
             suffix = path.suffix.lower()
-            got = read_jsonl(path) if suffix == ".jsonl" else read_json_file(path) if suffix == ".json" else read_text(path)
+            got = (
+                read_jsonl(path)
+                if suffix == ".jsonl"
+                else read_json_file(path)
+                if suffix == ".json"
+                else read_text(path)
+            )
             if not got:
                 raise CheckpointError("data file holds no samples", path)
         samples.extend(got)
@@ -180,15 +198,20 @@ def encode_prompt(tokenizer, sample: Sample, chat: bool = True) -> list[int]:
     """The prompt the target continues: chat samples end with the generation prompt."""
     if sample.messages is not None:
         if not getattr(tokenizer, "chat_template", None):
-            raise UsageError("chat data needs a tokenizer with a chat template (the target's has none); "
-                             "use text data or add a chat_template to the tokenizer config")
+            raise UsageError(
+                "chat data needs a tokenizer with a chat template (the target's has none); "
+                "use text data or add a chat_template to the tokenizer config"
+            )
         msgs = [{"role": r, "content": c} for r, c in sample.messages]
         add_gen = msgs[-1]["role"] != "assistant"
         return _ids(tokenizer.apply_chat_template(msgs, add_generation_prompt=add_gen, tokenize=True))
     text = sample.text or ""
     if chat and getattr(tokenizer, "chat_template", None):
-        return _ids(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                  tokenize=True))
+        return _ids(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+        )
     return _ids(tokenizer(text)["input_ids"])
 
 
@@ -207,5 +230,7 @@ def check_lengths(seqs: list[list[int]], horizon: int, what: str = "data") -> No
     usable = sum(1 for s in seqs if len(s) > horizon + 1)
     if usable == 0:
         longest = max((len(s) for s in seqs), default=0)
-        raise UsageError(f"{what}: every sequence is too short for the heads' horizon of {horizon} tokens "
-                         f"(longest has {longest} tokens); use longer texts or fewer heads")
+        raise UsageError(
+            f"{what}: every sequence is too short for the heads' horizon of {horizon} tokens "
+            f"(longest has {longest} tokens); use longer texts or fewer heads"
+        )

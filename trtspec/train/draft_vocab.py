@@ -33,7 +33,7 @@ def target_choice_counts(cache: HiddenCache, vocab_size: int) -> np.ndarray:
     """How often the target chose each token where it wrote the text (positions q >= prompt_length - 1)."""
     counts = np.zeros(vocab_size, dtype=np.int64)
     for i, plen in enumerate(cache.prompt_lengths):
-        am = np.asarray(cache.sequence(i)["argmax"][max(plen - 1, 0):], dtype=np.int64)
+        am = np.asarray(cache.sequence(i)["argmax"][max(plen - 1, 0) :], dtype=np.int64)
         counts += np.bincount(am[(am >= 0) & (am < vocab_size)], minlength=vocab_size)
     return counts
 

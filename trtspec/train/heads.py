@@ -38,7 +38,8 @@ def horizon(kind: str, num_heads: int, unroll: int) -> int:
     return num_heads if recipe(kind).style == "heads" else unroll
 
 
-def save_heads(kind: str, module: nn.Module, target: TargetSpec, out: str | Path, info: dict | None = None,
-               rmsnorm: bool = True) -> Path:
+def save_heads(
+    kind: str, module: nn.Module, target: TargetSpec, out: str | Path, info: dict | None = None, rmsnorm: bool = True
+) -> Path:
     """Write trained heads in ``kind``'s published format, in the target's dtype."""
     return recipe(kind).save(module, target, out, info if info is not None else {}, rmsnorm=rmsnorm)

@@ -22,10 +22,10 @@ class _SparseCE(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=z.device)
         probs = []
         for s in range(0, z.shape[0], chunk):
-            lg = F.linear(z[s:s + chunk], weight).float()
+            lg = F.linear(z[s : s + chunk], weight).float()
             lse = torch.logsumexp(lg, -1)
-            rw = w[s:s + chunk]
-            total = total + (lse * rw.sum(1) - (lg.gather(1, idx[s:s + chunk]) * rw).sum(1)).sum()
+            rw = w[s : s + chunk]
+            total = total + (lse * rw.sum(1) - (lg.gather(1, idx[s : s + chunk]) * rw).sum(1)).sum()
             probs.append(torch.exp(lg - lse[:, None]).to(z.dtype))
         ctx.save_for_backward(weight, idx, w, torch.cat(probs) if probs else z.new_zeros(0, weight.shape[0]))
         ctx.chunk = chunk
@@ -36,22 +36,28 @@ class _SparseCE(torch.autograd.Function):
         weight, idx, w, probs = ctx.saved_tensors
         out = []
         for s in range(0, probs.shape[0], ctx.chunk):
-            rw = w[s:s + ctx.chunk]
-            g = probs[s:s + ctx.chunk].float() * rw.sum(1, keepdim=True)
-            g.scatter_add_(1, idx[s:s + ctx.chunk], -rw)
+            rw = w[s : s + ctx.chunk]
+            g = probs[s : s + ctx.chunk].float() * rw.sum(1, keepdim=True)
+            g.scatter_add_(1, idx[s : s + ctx.chunk], -rw)
             out.append((g * grad).to(weight.dtype) @ weight)
         gz = torch.cat(out) if out else probs.new_zeros(0, weight.shape[1])
         return gz, None, None, None, None
 
 
-def sparse_ce(z: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
-              chunk: int = 1024) -> torch.Tensor:
+def sparse_ce(
+    z: torch.Tensor, weight: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, chunk: int = 1024
+) -> torch.Tensor:
     """Sum over rows of CE(softmax(z @ weight.T), sparse target). ``z`` is cast to ``weight``'s dtype."""
     return _SparseCE.apply(z.to(weight.dtype), weight, idx, w.float(), chunk)
 
 
-def targets(hard: torch.Tensor, valid: torch.Tensor, topk_ids: torch.Tensor | None = None,
-            topk_logits: torch.Tensor | None = None, soft_weight: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def targets(
+    hard: torch.Tensor,
+    valid: torch.Tensor,
+    topk_ids: torch.Tensor | None = None,
+    topk_logits: torch.Tensor | None = None,
+    soft_weight: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse targets [N, J] from hard labels (and optionally the target's top-k logits)."""
     idx = hard.clamp_min(0)[:, None]
     w = valid.float()[:, None]

@@ -23,15 +23,24 @@ def demo_prompts(vocab_size: int, n: int = 32, seed: int = 0, low: int = 3) -> l
     return [[rng.randrange(low, vocab_size) for _ in range(rng.randrange(4, 12))] for _ in range(n)]
 
 
-def quick_train_heads(target_dir: str | Path, kind: str, out: str | Path, prompts: list[list[int]] | None = None,
-                      steps: int = 60, gen_tokens: int = 32, seed: int = 0, cache_dir: str | Path | None = None) -> Path:
+def quick_train_heads(
+    target_dir: str | Path,
+    kind: str,
+    out: str | Path,
+    prompts: list[list[int]] | None = None,
+    steps: int = 60,
+    gen_tokens: int = 32,
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+) -> Path:
     """Train ``kind`` heads for the target at ``target_dir`` on its replies to ``prompts`` and write them."""
     target = load_hf_causal_lm(target_dir)
     prompts = prompts or demo_prompts(target.arch.vocab_size, seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
         cdir = Path(cache_dir) if cache_dir else Path(tmp) / "cache"
         build_cache(target, prompts, cdir, gen_tokens=gen_tokens, batch_size=16, progress=False)
-        cfg = TrainConfig(kind=kind, steps=steps, batch_tokens=256, lr=3e-3, lm_dtype="float32", warmup=5,
-                          seed=seed, ckpt_every=0)
+        cfg = TrainConfig(
+            kind=kind, steps=steps, batch_tokens=256, lr=3e-3, lm_dtype="float32", warmup=5, seed=seed, ckpt_every=0
+        )
         module, res = train(target, HiddenCache(cdir), cfg, progress=False)
     return save_heads(kind, module, target, out, {"steps": res.steps, "final_loss": res.final_loss, "quick": True})

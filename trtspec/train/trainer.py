@@ -38,23 +38,23 @@ from trtspec.train.unroll import unrolled
 @dataclass
 class TrainConfig:
     kind: str
-    num_heads: int = 3            # linear kinds
-    rmsnorm: bool = True          # mtp kinds
-    unroll: int = 2               # recurrent kinds: training steps per position (1 = target features only)
-    window: int = 512             # recurrent kinds: max positions per sequence window
-    batch_tokens: int = 2048      # positions per global batch
+    num_heads: int = 3  # linear kinds
+    rmsnorm: bool = True  # mtp kinds
+    unroll: int = 2  # recurrent kinds: training steps per position (1 = target features only)
+    window: int = 512  # recurrent kinds: max positions per sequence window
+    batch_tokens: int = 2048  # positions per global batch
     epochs: float = 1.0
-    steps: int | None = None      # overrides epochs
+    steps: int | None = None  # overrides epochs
     lr: float = 1e-3
     warmup: int = 20
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    soft_weight: float = 0.0      # weight of the target's cached top-k distribution (needs a --topk cache)
-    reg_weight: float = 1.0       # eagle feature regression
-    step_decay: float = 0.8       # weight of unrolled step s = step_decay ** s
-    lm_dtype: str = "auto"        # dtype of the shared lm_head matmul; auto: bf16 where native (~2x faster), else fp32
-    train_on: str = "generated"   # "generated": loss on the target's own reply only (q >= prompt_len - 1)
-    label_vocab: str = "full"     # "cache": softmax over the tokens the target ever chose on the data only
+    soft_weight: float = 0.0  # weight of the target's cached top-k distribution (needs a --topk cache)
+    reg_weight: float = 1.0  # eagle feature regression
+    step_decay: float = 0.8  # weight of unrolled step s = step_decay ** s
+    lm_dtype: str = "auto"  # dtype of the shared lm_head matmul; auto: bf16 where native (~2x faster), else fp32
+    train_on: str = "generated"  # "generated": loss on the target's own reply only (q >= prompt_len - 1)
+    label_vocab: str = "full"  # "cache": softmax over the tokens the target ever chose on the data only
     seed: int = 0
     ckpt_every: int = 50
     log_every: int = 1
@@ -78,11 +78,12 @@ class TrainResult:
 
     @property
     def final_loss(self) -> float:
-        tail = self.losses[-max(1, len(self.losses) // 10):]
+        tail = self.losses[-max(1, len(self.losses) // 10) :]
         return float(np.mean(tail)) if tail else float("nan")
 
 
 # Data -------------------------------------------------------------------------------------------------
+
 
 class _Positions:
     """Flat index of every (shard, position) with a label, for the linear kinds."""
@@ -152,8 +153,14 @@ def windows(cache: HiddenCache, window: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def recurrent_batch(cache: HiddenCache, wins: list[tuple[int, int, int]], ids: np.ndarray, steps: int,
-                    want_topk: bool, generated_only: bool = True):
+def recurrent_batch(
+    cache: HiddenCache,
+    wins: list[tuple[int, int, int]],
+    ids: np.ndarray,
+    steps: int,
+    want_topk: bool,
+    generated_only: bool = True,
+):
     """Padded windows: feats h_q, tokens[s] = x_{q+s+1}, labels[s] = a_{q+s+1}, regression target
     h_{q+s+1} (-1 / zero where q+s+1 is past the end)."""
     sel = [wins[int(i)] for i in ids]
@@ -172,7 +179,7 @@ def recurrent_batch(cache: HiddenCache, wins: list[tuple[int, int, int]], ids: n
     for b, (si, a, m) in enumerate(sel):
         seq = cache.sequence(si)
         n = len(seq["tokens"])
-        feats[b, :m] = seq["hidden"][a:a + m]
+        feats[b, :m] = seq["hidden"][a : a + m]
         valid[b, :m] = True
         start[b] = a
         for s in range(steps):
@@ -187,14 +194,21 @@ def recurrent_batch(cache: HiddenCache, wins: list[tuple[int, int, int]], ids: n
             nxt[s, b, cols] = seq["hidden"][t[ok]]
             if want_topk:
                 tk[s, b, cols], tv[s, b, cols] = seq["topk_ids"][t[ok]], seq["topk_logits"][t[ok]]
-    out = {"feats": torch.from_numpy(feats), "valid": torch.from_numpy(valid), "tokens": torch.from_numpy(toks),
-           "labels": torch.from_numpy(labs), "next_hidden": torch.from_numpy(nxt), "start": torch.from_numpy(start)}
+    out = {
+        "feats": torch.from_numpy(feats),
+        "valid": torch.from_numpy(valid),
+        "tokens": torch.from_numpy(toks),
+        "labels": torch.from_numpy(labs),
+        "next_hidden": torch.from_numpy(nxt),
+        "start": torch.from_numpy(start),
+    }
     if want_topk:
         out["topk_ids"], out["topk_logits"] = torch.from_numpy(tk), torch.from_numpy(tv)
     return out
 
 
 # Loss modules (one forward = the whole loss, so DDP sees one graph per step) ----------------------------
+
 
 class LinearLoss(nn.Module):
     def __init__(self, heads: nn.Module, lm_head: torch.Tensor, cfg: TrainConfig):
@@ -209,8 +223,13 @@ class LinearLoss(nn.Module):
             z = _head_features(head, h)
             valid = batch["labels"][k] >= 0
             soft = "topk_ids" in batch
-            idx, w = targets(batch["labels"][k], valid, batch["topk_ids"][k] if soft else None,
-                             batch["topk_logits"][k] if soft else None, self.cfg.soft_weight)
+            idx, w = targets(
+                batch["labels"][k],
+                valid,
+                batch["topk_ids"][k] if soft else None,
+                batch["topk_logits"][k] if soft else None,
+                self.cfg.soft_weight,
+            )
             losses.append(sparse_ce(z, self.lm_head, idx, w))
             counts.append(valid.sum())
         L, C = torch.stack(losses), torch.stack(counts).float()
@@ -226,8 +245,14 @@ def _head_features(head: nn.Module, h: torch.Tensor) -> torch.Tensor:
 
 
 class RecurrentLoss(nn.Module):
-    def __init__(self, module: nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, cfg: TrainConfig,
-                 feature_regression: bool = False):
+    def __init__(
+        self,
+        module: nn.Module,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        cfg: TrainConfig,
+        feature_regression: bool = False,
+    ):
         super().__init__()
         self.module, self.cfg = module, cfg
         self.register_buffer("embed", embed, persistent=False)
@@ -236,9 +261,9 @@ class RecurrentLoss(nn.Module):
         self.feature_regression = feature_regression  # EAGLE: also regress the target's next hidden state
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        steps = batch["tokens"].shape[0]
-        results = unrolled(self.module, self.embed, self.eye, batch["feats"], list(batch["tokens"]),
-                           batch["start"], batch["valid"])
+        results = unrolled(
+            self.module, self.embed, self.eye, batch["feats"], list(batch["tokens"]), batch["start"], batch["valid"]
+        )
         total = batch["feats"].new_zeros(())
         losses, counts = [], []
         H = batch["feats"].shape[-1]
@@ -254,13 +279,14 @@ class RecurrentLoss(nn.Module):
             if self.feature_regression and self.cfg.reg_weight > 0:
                 reg = F.smooth_l1_loss(out.reshape(-1, H), batch["next_hidden"][s].reshape(-1, H), reduction="none")
                 step_loss = step_loss + self.cfg.reg_weight * (reg.mean(-1) * valid.float()).sum() / n
-            total = total + (self.cfg.step_decay ** s) * step_loss
+            total = total + (self.cfg.step_decay**s) * step_loss
             losses.append(ce.detach())
             counts.append(valid.sum())
         return total, torch.stack(losses), torch.stack(counts).float()
 
 
 # The loop ----------------------------------------------------------------------------------------------
+
 
 def dist_info() -> tuple[int, int, bool]:
     """(rank, world, initialised-by-us). Initialises torch.distributed under torchrun."""
@@ -321,9 +347,16 @@ def _atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def train(target: TargetSpec, cache: HiddenCache, cfg: TrainConfig, ckpt_dir: str | Path | None = None,
-          resume: bool = False, progress: bool = True, stop_after: int | None = None,
-          device: str | None = None) -> tuple[nn.Module, TrainResult]:
+def train(
+    target: TargetSpec,
+    cache: HiddenCache,
+    cfg: TrainConfig,
+    ckpt_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+    device: str | None = None,
+) -> tuple[nn.Module, TrainResult]:
     """Train a fresh head (or resume from ``ckpt_dir``) and return (module, result).
 
     ``stop_after`` ends the run early after that many steps (in total), checkpointing first -- how the
@@ -360,13 +393,18 @@ def train(target: TargetSpec, cache: HiddenCache, cfg: TrainConfig, ckpt_dir: st
     per_batch = max(per_batch, world)
     steps_per_epoch = max(1, universe // per_batch)
     total = cfg.steps if cfg.steps is not None else max(1, int(round(cfg.epochs * steps_per_epoch)))
-    wrapper: nn.Module = LinearLoss(module, lm, cfg) if linear else RecurrentLoss(module, embed, lm, cfg, kind_recipe.feature_regression)
+    wrapper: nn.Module = (
+        LinearLoss(module, lm, cfg) if linear else RecurrentLoss(module, embed, lm, cfg, kind_recipe.feature_regression)
+    )
     wrapper = wrapper.to(device)
     params = [p for p in wrapper.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     other = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}],
+        lr=cfg.lr,
+        betas=(0.9, 0.95),
+    )
     result = TrainResult(steps=0)
     start = 0
     ckpt = Path(ckpt_dir) / "checkpoint.pt" if ckpt_dir is not None else None
@@ -376,8 +414,10 @@ def train(target: TargetSpec, cache: HiddenCache, cfg: TrainConfig, ckpt_dir: st
         state = torch.load(ckpt, map_location=device, weights_only=True)
         if state["key"] != key:
             diff = sorted(k for k in key if state["key"].get(k) != key[k])
-            raise UsageError(f"{ckpt}: the checkpoint was written with other options ({', '.join(diff)}); "
-                             "rerun with the same options or without --resume")
+            raise UsageError(
+                f"{ckpt}: the checkpoint was written with other options ({', '.join(diff)}); "
+                "rerun with the same options or without --resume"
+            )
         module.load_state_dict(state["module"])
         opt.load_state_dict(state["optimizer"])
         start = int(state["step"])
@@ -392,11 +432,25 @@ def train(target: TargetSpec, cache: HiddenCache, cfg: TrainConfig, ckpt_dir: st
         if ckpt is None or rank != 0:
             return
         ckpt.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_save({"key": key, "module": module.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                      "losses": result.losses}, ckpt)
+        _atomic_save(
+            {
+                "key": key,
+                "module": module.state_dict(),
+                "optimizer": opt.state_dict(),
+                "step": step,
+                "losses": result.losses,
+            },
+            ckpt,
+        )
 
-    bar = tqdm(total=total, initial=start, desc=f"train {cfg.kind}", unit="step", disable=not progress or rank != 0,
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=total,
+        initial=start,
+        desc=f"train {cfg.kind}",
+        unit="step",
+        disable=not progress or rank != 0,
+        dynamic_ncols=True,
+    )
     t0, seen = time.perf_counter(), 0
     n_sub = cfg.num_heads if linear else cfg.unroll
     sums = torch.zeros(n_sub)
@@ -407,7 +461,7 @@ def train(target: TargetSpec, cache: HiddenCache, cfg: TrainConfig, ckpt_dir: st
             if stop_after is not None and step >= stop_after:
                 break
             epoch, b = divmod(step, steps_per_epoch)
-            ids = _epoch_perm(universe, cfg.seed, epoch)[b * per_batch:(b + 1) * per_batch]
+            ids = _epoch_perm(universe, cfg.seed, epoch)[b * per_batch : (b + 1) * per_batch]
             ids = _slice(ids, rank, world)
             if linear:
                 batch = linear_batch(cache, pos, ids, cfg.num_heads, want_topk)

@@ -91,16 +91,17 @@ def brute_force_best(probs: dict[tuple[int, ...], float], nodes: int, max_rank: 
 
 # Measuring ranks with the runtime's own drafter modules ------------------------------------------------
 
+
 def _rank(z: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor, chunk: int = 512) -> torch.Tensor:
     """Rank of ``labels`` in logits z @ lm_head.T (0 = argmax); -1 where the label is missing."""
     out = torch.full(labels.shape, -1, dtype=torch.long)
     for s in range(0, z.shape[0], chunk):
-        lg = (z[s:s + chunk].to(lm_head.dtype) @ lm_head.T).float()
-        lab = labels[s:s + chunk]
+        lg = (z[s : s + chunk].to(lm_head.dtype) @ lm_head.T).float()
+        lab = labels[s : s + chunk]
         ok = lab >= 0
         tl = lg.gather(1, lab.clamp_min(0)[:, None])
         r = (lg > tl).sum(1)
-        out[s:s + chunk] = torch.where(ok, r, torch.full_like(r, -1))
+        out[s : s + chunk] = torch.where(ok, r, torch.full_like(r, -1))
     return out
 
 
@@ -121,6 +122,7 @@ def measure_ranks(drafter, cache: HiddenCache, depth: int, max_positions: int = 
         if inv is None:
             return labels
         return torch.where(labels >= 0, inv[labels.clamp_min(0)], torch.full_like(labels, -1))
+
     for i in range(len(cache.sequences)):
         seq = cache.sequence(i)
         n = len(seq["tokens"])
@@ -154,8 +156,15 @@ def measure_ranks(drafter, cache: HiddenCache, depth: int, max_positions: int = 
                 ok = t < n
                 tokens.append(torch.where(ok, toks[t.clamp_max(n - 1)], torch.zeros_like(t))[None])
                 labels.append(torch.where(ok, am[t.clamp_max(n - 1)], torch.full_like(t, -1)))
-            res = unrolled(module, drafter.embed.weight, eye, h[None, : n - 1].to(dtype), tokens,
-                           torch.zeros(1, dtype=torch.long), torch.ones(1, n - 1, dtype=torch.bool))
+            res = unrolled(
+                module,
+                drafter.embed.weight,
+                eye,
+                h[None, : n - 1].to(dtype),
+                tokens,
+                torch.zeros(1, dtype=torch.long),
+                torch.ones(1, n - 1, dtype=torch.bool),
+            )
             for s, (_, z) in enumerate(res):
                 ranks[:, s] = _rank(z[0], drafter.lm_head, in_draft_vocab(labels[s]))
         first = max(cache.prompt_lengths[i] - 1, 0)  # only where the target wrote the text, as when serving

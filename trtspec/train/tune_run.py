@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 
 from trtspec.errors import UsageError
-from trtspec.tree import build_tree as tree_buffers, format_choices_json, format_choices_trtllm
 from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.tune import build_tree, expected_length, measure_ranks, path_probs_from_ranks, per_depth_topk
+from trtspec.tree import build_tree as tree_buffers
+from trtspec.tree import format_choices_json, format_choices_trtllm
 
 
 def _default_depth(gen) -> int:
@@ -24,8 +25,9 @@ def _default_depth(gen) -> int:
     return d.max_depth if d.max_depth is not None else 5
 
 
-def measure_decode(gen, items: list[list[int]], trees: dict[int, tuple], max_new_tokens: int, eos,
-                   speed: bool = True) -> dict:
+def measure_decode(
+    gen, items: list[list[int]], trees: dict[int, tuple], max_new_tokens: int, eos, speed: bool = True
+) -> dict:
     """Batch-1 greedy decoding of every prompt: plain once, then speculative with each tree, interleaved
     per prompt so that load changes on a shared machine hit all variants alike."""
     from trtspec.runtime.generate import GenerationConfig
@@ -51,8 +53,9 @@ def measure_decode(gen, items: list[list[int]], trees: dict[int, tuple], max_new
             a["tokens"] += m.new_tokens
             a["wall"] += m.wall_s
             h = m.acceptance_histogram
-            a["hist"] = [x + y for x, y in zip(a["hist"] + [0] * (len(h) - len(a["hist"])),
-                                                h + [0] * (len(a["hist"]) - len(h)))]
+            a["hist"] = [
+                x + y for x, y in zip(a["hist"] + [0] * (len(h) - len(a["hist"])), h + [0] * (len(a["hist"]) - len(h)))
+            ]
             if ref is not None and r.tokens != ref:
                 a["identical"] = False
     out = {}
@@ -62,14 +65,28 @@ def measure_decode(gen, items: list[list[int]], trees: dict[int, tuple], max_new
         depth = max((len(c) for c in trees[n]), default=0)
         per_pos = [sum(a["hist"][d:]) / steps for d in range(1, depth + 1)]
         tps = a["tokens"] / a["wall"] if a["wall"] else 0.0
-        out[n] = {"measured": (a["accepted"] + a["steps"]) / steps, "per_position": per_pos, "tokens_per_s": tps,
-                  "plain_tokens_per_s": plain_tps, "speedup": tps / plain_tps if plain_tps else None,
-                  "identical_to_plain": a["identical"] if speed else None}
+        out[n] = {
+            "measured": (a["accepted"] + a["steps"]) / steps,
+            "per_position": per_pos,
+            "tokens_per_s": tps,
+            "plain_tokens_per_s": plain_tps,
+            "speedup": tps / plain_tps if plain_tps else None,
+            "identical_to_plain": a["identical"] if speed else None,
+        }
     return out
 
 
-def tune_on_cache(gen, cache: HiddenCache, eval_items: list[list[int]], budgets: list[int], depth: int | None = None,
-                  topk: int = 8, max_new_tokens: int = 64, speed: bool = True, echo=print) -> dict:
+def tune_on_cache(
+    gen,
+    cache: HiddenCache,
+    eval_items: list[list[int]],
+    budgets: list[int],
+    depth: int | None = None,
+    topk: int = 8,
+    max_new_tokens: int = 64,
+    speed: bool = True,
+    echo=print,
+) -> dict:
     """The tuning core, on an already-built calibration cache and a loaded SpeculativeGenerator."""
     depth = depth or _default_depth(gen)
     if gen.drafter.max_depth is not None and depth > gen.drafter.max_depth:
@@ -77,18 +94,27 @@ def tune_on_cache(gen, cache: HiddenCache, eval_items: list[list[int]], budgets:
     ranks = measure_ranks(gen.drafter, cache, depth)
     probs = path_probs_from_ranks(ranks, topk)
     table = per_depth_topk(ranks, topk)
-    echo(f"per-depth top-{topk} acceptance on {len(ranks)} calibration positions "
-         "(P[rank r at depth d | ancestors hit]):")
+    echo(
+        f"per-depth top-{topk} acceptance on {len(ranks)} calibration positions (P[rank r at depth d | ancestors hit]):"
+    )
     for d, row in enumerate(table, 1):
-        echo(f"  depth {d}: " + " ".join(f"{x:.3f}" for x in row[:min(topk, 8)]) + f"  (top-{topk} {sum(row):.3f})")
+        echo(f"  depth {d}: " + " ".join(f"{x:.3f}" for x in row[: min(topk, 8)]) + f"  (top-{topk} {sum(row):.3f})")
     trees = {n: build_tree(probs, n) for n in budgets}
     results = {}
-    measured = measure_decode(gen, eval_items, trees, max_new_tokens, gen.spec.target.arch.eos_token_id, speed) \
-        if eval_items else {}
+    measured = (
+        measure_decode(gen, eval_items, trees, max_new_tokens, gen.spec.target.arch.eos_token_id, speed)
+        if eval_items
+        else {}
+    )
     for n, choices in trees.items():
-        row = {"nodes": n, "depth": max((len(c) for c in choices), default=0), "choices": [list(c) for c in choices],
-               "choices_json": format_choices_json(choices), "choices_trtllm": format_choices_trtllm(choices),
-               "expected": expected_length(probs, choices)}
+        row = {
+            "nodes": n,
+            "depth": max((len(c) for c in choices), default=0),
+            "choices": [list(c) for c in choices],
+            "choices_json": format_choices_json(choices),
+            "choices_trtllm": format_choices_trtllm(choices),
+            "expected": expected_length(probs, choices),
+        }
         row.update(measured.get(n, {}))
         results[n] = row
         extra = ""
@@ -97,27 +123,47 @@ def tune_on_cache(gen, cache: HiddenCache, eval_items: list[list[int]], budgets:
             if row.get("speedup"):
                 extra += f", {row['tokens_per_s']:.1f} tok/s = {row['speedup']:.2f}x plain"
         echo(f"  {n:3d} nodes (depth {row['depth']}): expected acceptance length {row['expected']:.3f}{extra}")
-    key = (lambda r: r.get("speedup") or 0.0) if speed and eval_items else \
-        (lambda r: r.get("measured", r["expected"]))
+    key = (lambda r: r.get("speedup") or 0.0) if speed and eval_items else (lambda r: r.get("measured", r["expected"]))
     best = max(results.values(), key=key)
     timed = speed and bool(eval_items) and best.get("speedup") is not None
     pays = not timed or best["speedup"] > 1.0
     if not pays:
-        echo(f"no tree beats plain decoding on this data: the best, {best['nodes']} nodes, runs at "
-             f"{best['speedup']:.2f}x plain. Train on data closer to your traffic, or serve with adaptive "
-             "speculation (it stops speculating where drafts do not pay).")
-    return {"per_depth_topk": table, "calibration_positions": int(len(ranks)), "budgets": list(results.values()),
-            "best": best, "beats_plain": pays}
+        echo(
+            f"no tree beats plain decoding on this data: the best, {best['nodes']} nodes, runs at "
+            f"{best['speedup']:.2f}x plain. Train on data closer to your traffic, or serve with adaptive "
+            "speculation (it stops speculating where drafts do not pay)."
+        )
+    return {
+        "per_depth_topk": table,
+        "calibration_positions": int(len(ranks)),
+        "budgets": list(results.values()),
+        "best": best,
+        "beats_plain": pays,
+    }
 
 
-def tune(target, heads, heads_format, calib_samples, eval_samples, budgets, depth=None, topk=8,
-         cache_dir: Path | None = None, gen_tokens: int = 96, max_new_tokens: int = 64, speed: bool = True,
-         echo=print, draft_vocab: int | None = None, dtype: str = "auto") -> dict:
+def tune(
+    target,
+    heads,
+    heads_format,
+    calib_samples,
+    eval_samples,
+    budgets,
+    depth=None,
+    topk=8,
+    cache_dir: Path | None = None,
+    gen_tokens: int = 96,
+    max_new_tokens: int = 64,
+    speed: bool = True,
+    echo=print,
+    draft_vocab: int | None = None,
+    dtype: str = "auto",
+) -> dict:
     """CLI entry: load target + heads, cache the target's replies to the calibration prompts, tune. The
     cache and the timed decoding both run in ``dtype`` (``auto``: trtspec.dtypes' policy; bfloat16 uses
     pre-packed CPU kernels), announced in one line once the inputs loaded."""
-    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.cpu import setup_compute
+    from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.runtime.generate import SpeculativeGenerator
     from trtspec.train.data import encode_prompt
 
@@ -139,8 +185,10 @@ def record_tree(heads: Path, choices) -> None:
 
     meta_path = (heads if heads.is_dir() else heads.parent) / META_FILE
     if not meta_path.is_file():
-        raise UsageError(f"{heads}: --write-heads needs trtspec-heads (mtp-*); for other formats pass the "
-                         "printed choices with --tree")
+        raise UsageError(
+            f"{heads}: --write-heads needs trtspec-heads (mtp-*); for other formats pass the "
+            "printed choices with --tree"
+        )
     meta = json.loads(meta_path.read_text())
     meta["tree_choices"] = [list(c) for c in choices]
     tmp = meta_path.with_name(meta_path.name + ".tmp")

@@ -26,8 +26,15 @@ def step_mask(valid: torch.Tensor, step: int) -> torch.Tensor:
     return torch.cat(blocks, -1)[:, None]
 
 
-def unrolled(module: nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, feats: torch.Tensor,
-             tokens: list[torch.Tensor], start: torch.Tensor, valid: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def unrolled(
+    module: nn.Module,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+    feats: torch.Tensor,
+    tokens: list[torch.Tensor],
+    start: torch.Tensor,
+    valid: torch.Tensor,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Run ``len(tokens)`` steps. ``feats`` [B, T, H] target hidden h_q; ``tokens[s]`` [B, T] the token
     fed at step s (x_{q+s+1}); ``start`` [B] the absolute position of column 0. Returns (out, logits)
     per step; ``out`` of step s is the feature of step s + 1."""

@@ -27,6 +27,8 @@ from trtspec.triton.validate import PLACEHOLDER, validate_repository
 RUNTIMES = ("trtllm", "reference")
 MODELS = ("preprocessing", "tensorrt_llm", "postprocessing", "ensemble", "tensorrt_llm_bls")
 MANIFEST = "trtspec_repo.json"
+
+
 def _template_dir() -> Path:
     """$TRTSPEC_TRITON_TEMPLATES, else the checkout's triton_repo/, else the copy a wheel installs."""
     if os.environ.get("TRTSPEC_TRITON_TEMPLATES"):
@@ -37,11 +39,25 @@ def _template_dir() -> Path:
 
 TEMPLATE_DIR = _template_dir()
 #: friendlier option names accepted by emit_repository / the CLI
-ALIASES = {"max_batch_size": "triton_max_batch_size", "device": "trtspec_device", "dtype": "trtspec_dtype",
-           "decoupled": "decoupled_mode", "torch_threads": "trtspec_torch_threads",
-           "batch_window_ms": "trtspec_batch_window_ms"}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja", "vocab.txt")
+ALIASES = {
+    "max_batch_size": "triton_max_batch_size",
+    "device": "trtspec_device",
+    "dtype": "trtspec_dtype",
+    "decoupled": "decoupled_mode",
+    "torch_threads": "trtspec_torch_threads",
+    "batch_window_ms": "trtspec_batch_window_ms",
+}
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "vocab.txt",
+)
 #: where the tokenizer goes inside the repository (a model's version dir: Triton ignores its contents)
 TOKENIZER_SUBDIR = "preprocessing/1/tokenizer"
 PLUGIN_SUBDIR = "tensorrt_llm/1/plugins"
@@ -146,11 +162,15 @@ def fill_template(text: str, values: dict[str, Any], path: str | Path = "config.
             raise UsageError(f"{path}:{lineno}: no value for placeholder(s) {', '.join(missing)}")
         if any(values[n] is None for n in names):
             if line.lstrip().startswith("parameters"):
-                out.append(PLACEHOLDER.sub(lambda m: m.group(0) if values[m.group(1)] is None
-                                           else _fmt(values[m.group(1)]), line))
+                out.append(
+                    PLACEHOLDER.sub(
+                        lambda m: m.group(0) if values[m.group(1)] is None else _fmt(values[m.group(1)]), line
+                    )
+                )
                 continue
-            raise UsageError(f"{path}:{lineno}: placeholder(s) {', '.join(n for n in names if values[n] is None)} "
-                             f"must have a value")
+            raise UsageError(
+                f"{path}:{lineno}: placeholder(s) {', '.join(n for n in names if values[n] is None)} must have a value"
+            )
         out.append(PLACEHOLDER.sub(lambda m: _fmt(values[m.group(1)]), line))
     return "\n".join(out) + "\n"
 
@@ -164,18 +184,26 @@ def speculative_values(spec: SpecModel, runtime: str) -> dict[str, Any]:
     from trtspec.tree import format_choices_json, format_choices_trtllm
 
     d = spec.drafter
-    vals: dict[str, Any] = {"decoding_mode": None, "medusa_choices": None, "eagle_choices": None,
-                            "max_draft_len": None, "trtspec_drafter_kind": None, "trtspec_tree_choices": None}
+    vals: dict[str, Any] = {
+        "decoding_mode": None,
+        "medusa_choices": None,
+        "eagle_choices": None,
+        "max_draft_len": None,
+        "trtspec_drafter_kind": None,
+        "trtspec_tree_choices": None,
+    }
     if d is None or not spec.tree.choices:
         return vals
     route = registry.get(d.kind).engine
     if runtime == "trtllm" and not route.supported:
-        raise UsageError(f"{d.kind} heads have no TensorRT engine: {route.refusal}",
-                         fix="emit --runtime reference")
+        raise UsageError(f"{d.kind} heads have no TensorRT engine: {route.refusal}", fix="emit --runtime reference")
     mode = route.triton_decoding_mode
-    vals.update(decoding_mode=mode, trtspec_drafter_kind=d.kind,
-                trtspec_tree_choices=format_choices_json(spec.tree.choices),
-                max_draft_len=spec.tree.depth if route.draft_len == "depth" else spec.tree.num_nodes)
+    vals.update(
+        decoding_mode=mode,
+        trtspec_drafter_kind=d.kind,
+        trtspec_tree_choices=format_choices_json(spec.tree.choices),
+        max_draft_len=spec.tree.depth if route.draft_len == "depth" else spec.tree.num_nodes,
+    )
     if mode == "medusa":
         vals["medusa_choices"] = format_choices_trtllm(spec.tree.choices)
     elif mode == "eagle":
@@ -183,8 +211,9 @@ def speculative_values(spec: SpecModel, runtime: str) -> dict[str, Any]:
     return vals
 
 
-def template_values(spec: SpecModel, runtime: str, engine_dir: Path | None, plugin_rel: str | None,
-                    options: dict[str, Any]) -> dict[str, Any]:
+def template_values(
+    spec: SpecModel, runtime: str, engine_dir: Path | None, plugin_rel: str | None, options: dict[str, Any]
+) -> dict[str, Any]:
     options = {ALIASES.get(k, k): v for k, v in options.items()}
     unknown = set(options) - set(DEFAULTS) - {"trtspec_dtype"}
     if unknown:
@@ -199,22 +228,43 @@ def template_values(spec: SpecModel, runtime: str, engine_dir: Path | None, plug
     speculative = o.pop("speculative")
     v = dict(o)
     v.update(speculative_values(spec, runtime))
-    v.update(triton_backend="tensorrtllm" if runtime == "trtllm" else "python", max_seq_len=max_seq_len,
-             tokenizer_dir=TOKENIZER_SUBDIR, trtspec_runtime=runtime, trtspec_plugin_library=plugin_rel,
-             engine_dir=str(engine_dir) if engine_dir is not None else None)
+    v.update(
+        triton_backend="tensorrtllm" if runtime == "trtllm" else "python",
+        max_seq_len=max_seq_len,
+        tokenizer_dir=TOKENIZER_SUBDIR,
+        trtspec_runtime=runtime,
+        trtspec_plugin_library=plugin_rel,
+        engine_dir=str(engine_dir) if engine_dir is not None else None,
+    )
     if runtime == "reference":
-        v.update(trtspec_target_dir=str(Path(spec.target.path).resolve()),
-                 trtspec_heads_dir=str(Path(spec.drafter.path).resolve()) if spec.drafter else None,
-                 trtspec_dtype=o.get("trtspec_dtype") or _dtype_name(spec.dtype),
-                 trtspec_speculative=bool(speculative), engine_dir=None, executor_worker_path=None,
-                 kv_cache_free_gpu_mem_fraction=None, batching_strategy=None, batch_scheduler_policy=None)
+        v.update(
+            trtspec_target_dir=str(Path(spec.target.path).resolve()),
+            trtspec_heads_dir=str(Path(spec.drafter.path).resolve()) if spec.drafter else None,
+            trtspec_dtype=o.get("trtspec_dtype") or _dtype_name(spec.dtype),
+            trtspec_speculative=bool(speculative),
+            engine_dir=None,
+            executor_worker_path=None,
+            kv_cache_free_gpu_mem_fraction=None,
+            batching_strategy=None,
+            batch_scheduler_policy=None,
+        )
     else:
-        v.update(trtspec_target_dir=None, trtspec_heads_dir=None, trtspec_dtype=None, trtspec_device=None,
-                 trtspec_speculative=None, trtspec_torch_threads=None, trtspec_batch_window_ms=None)
+        v.update(
+            trtspec_target_dir=None,
+            trtspec_heads_dir=None,
+            trtspec_dtype=None,
+            trtspec_device=None,
+            trtspec_speculative=None,
+            trtspec_torch_threads=None,
+            trtspec_batch_window_ms=None,
+        )
         missing = [k for k in REQUIRED_TRTLLM if v.get(k) is None]
         if missing:
-            hint = " (pass --max-seq-len, the engine's trtllm-build --max_seq_len, or build the engines first)" \
-                if "max_seq_len" in missing else ""
+            hint = (
+                " (pass --max-seq-len, the engine's trtllm-build --max_seq_len, or build the engines first)"
+                if "max_seq_len" in missing
+                else ""
+            )
             raise UsageError(f"the trtllm runtime needs {', '.join(missing)}{hint}")
     if not isinstance(v["decoupled_mode"], bool):
         raise UsageError(f"decoupled_mode must be true or false, got {v['decoupled_mode']!r}")
@@ -239,9 +289,11 @@ def engine_max_seq_len(engine_dir: Path | None) -> int | None:
 def _copy_tokenizer(spec: SpecModel, dest: Path) -> None:
     src = spec.target.tokenizer_path
     if src is None:
-        raise CheckpointError("the target has no tokenizer files; the Triton repository needs one to turn "
-                              "text into tokens", spec.target.path, "copy tokenizer.json (+ tokenizer_config.json) "
-                              "into the target directory")
+        raise CheckpointError(
+            "the target has no tokenizer files; the Triton repository needs one to turn text into tokens",
+            spec.target.path,
+            "copy tokenizer.json (+ tokenizer_config.json) into the target directory",
+        )
     src = Path(src)
     src_dir = src if src.is_dir() else src.parent
     dest.mkdir(parents=True, exist_ok=True)
@@ -251,8 +303,7 @@ def _copy_tokenizer(spec: SpecModel, dest: Path) -> None:
             shutil.copy2(src_dir / name, dest / name)
             copied += 1
     if not copied:
-        raise CheckpointError("no tokenizer files found", src_dir,
-                              f"expected one of {', '.join(TOKENIZER_FILES[:4])}")
+        raise CheckpointError("no tokenizer files found", src_dir, f"expected one of {', '.join(TOKENIZER_FILES[:4])}")
 
 
 def _is_trtspec_repo(path: Path) -> bool:
@@ -273,23 +324,40 @@ def uses_draft_engine(spec: SpecModel) -> bool:
 def draft_values(spec: SpecModel, runtime: str, values: dict[str, Any], draft_engine_dir: Path | None) -> dict:
     """Template values for the draft model's own tensorrt_llm copy: a plain (non-speculative) model that
     tensorrt_llm_bls asks for draft tokens, TensorRT-LLM's draft-target deployment."""
-    v = dict(values, decoding_mode=None, medusa_choices=None, eagle_choices=None, max_draft_len=None,
-             trtspec_drafter_kind=None, trtspec_tree_choices=None, trtspec_plugin_library=None,
-             tensorrt_llm_draft_model_name=None)
+    v = dict(
+        values,
+        decoding_mode=None,
+        medusa_choices=None,
+        eagle_choices=None,
+        max_draft_len=None,
+        trtspec_drafter_kind=None,
+        trtspec_tree_choices=None,
+        trtspec_plugin_library=None,
+        tensorrt_llm_draft_model_name=None,
+    )
     if runtime == "trtllm":
         if draft_engine_dir is None:
-            raise UsageError("a draft-model deployment needs the draft engine's directory (--draft-engine-dir)",
-                             fix="pass the directory trtspec build wrote engines/draft to")
+            raise UsageError(
+                "a draft-model deployment needs the draft engine's directory (--draft-engine-dir)",
+                fix="pass the directory trtspec build wrote engines/draft to",
+            )
         v["engine_dir"] = str(Path(draft_engine_dir).resolve())
     else:
-        v.update(trtspec_target_dir=str(Path(spec.drafter.path).resolve()), trtspec_heads_dir=None,
-                 trtspec_speculative=False)
+        v.update(
+            trtspec_target_dir=str(Path(spec.drafter.path).resolve()), trtspec_heads_dir=None, trtspec_speculative=False
+        )
     return v
 
 
-def emit_repository(spec: SpecModel, runtime: str, out_dir: Path, engine_dir: Path | None = None,
-                    plugin_library: Path | None = None, options: dict | None = None,
-                    draft_engine_dir: Path | None = None) -> Path:
+def emit_repository(
+    spec: SpecModel,
+    runtime: str,
+    out_dir: Path,
+    engine_dir: Path | None = None,
+    plugin_library: Path | None = None,
+    options: dict | None = None,
+    draft_engine_dir: Path | None = None,
+) -> Path:
     """Write the Triton model repository for ``spec`` to ``out_dir`` (atomically); returns ``out_dir``.
 
     ``runtime`` is ``trtllm`` (needs ``engine_dir``, the engines' path as the server will see it; a
@@ -300,11 +368,15 @@ def emit_repository(spec: SpecModel, runtime: str, out_dir: Path, engine_dir: Pa
         raise UsageError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not _is_trtspec_repo(out_dir):
-        raise UsageError(f"{out_dir} exists and is not a trtspec model repository; refusing to replace it",
-                         fix="choose another --out or remove the directory")
+        raise UsageError(
+            f"{out_dir} exists and is not a trtspec model repository; refusing to replace it",
+            fix="choose another --out or remove the directory",
+        )
     if runtime == "trtllm" and engine_dir is None:
-        raise UsageError("the trtllm runtime needs the engine directory (--engine-dir)",
-                         fix="pass the directory trtspec build wrote the engines to")
+        raise UsageError(
+            "the trtllm runtime needs the engine directory (--engine-dir)",
+            fix="pass the directory trtspec build wrote the engines to",
+        )
     if engine_dir is not None and not Path(engine_dir).is_absolute():
         # the backend opens gpt_model_path relative to the *server's* working directory, which is never
         # the directory emit ran in: a relative path would point nowhere
@@ -352,20 +424,33 @@ def emit_repository(spec: SpecModel, runtime: str, out_dir: Path, engine_dir: Pa
         if runtime == "trtllm":
             from trtspec.triton.launch import write_launch_script
 
-            write_launch_script(tmp, values["engine_dir"], [m for m in models if m.startswith("tensorrt_llm")
-                                                            and m != "tensorrt_llm_bls"], plugin_rel,
-                                models[DRAFT_MODEL]["engine_dir"] if DRAFT_MODEL in models else None)
+            write_launch_script(
+                tmp,
+                values["engine_dir"],
+                [m for m in models if m.startswith("tensorrt_llm") and m != "tensorrt_llm_bls"],
+                plugin_rel,
+                models[DRAFT_MODEL]["engine_dir"] if DRAFT_MODEL in models else None,
+            )
         validate_repository(tmp)
-        manifest = {"format": 1, "runtime": runtime, "models": list(models), "spec": spec.describe(),
-                    "draft_model": DRAFT_MODEL if DRAFT_MODEL in models else None,
-                    "draft_engine_dir": models[DRAFT_MODEL]["engine_dir"] if DRAFT_MODEL in models else None,
-                    "launch": "launch.sh" if runtime == "trtllm" else None,
-                    "drafter_kind": values["trtspec_drafter_kind"], "decoding_mode": values["decoding_mode"],
-                    "tree_choices": json.loads(values["trtspec_tree_choices"] or "[]"),
-                    "max_draft_len": values["max_draft_len"], "speculative": values.get("trtspec_speculative"),
-                    "engine_dir": values["engine_dir"], "plugin_library": plugin_rel,
-                    "max_batch_size": values["triton_max_batch_size"], "max_seq_len": values["max_seq_len"],
-                    "decoupled": values["decoupled_mode"]}
+        manifest = {
+            "format": 1,
+            "runtime": runtime,
+            "models": list(models),
+            "spec": spec.describe(),
+            "draft_model": DRAFT_MODEL if DRAFT_MODEL in models else None,
+            "draft_engine_dir": models[DRAFT_MODEL]["engine_dir"] if DRAFT_MODEL in models else None,
+            "launch": "launch.sh" if runtime == "trtllm" else None,
+            "drafter_kind": values["trtspec_drafter_kind"],
+            "decoding_mode": values["decoding_mode"],
+            "tree_choices": json.loads(values["trtspec_tree_choices"] or "[]"),
+            "max_draft_len": values["max_draft_len"],
+            "speculative": values.get("trtspec_speculative"),
+            "engine_dir": values["engine_dir"],
+            "plugin_library": plugin_rel,
+            "max_batch_size": values["triton_max_batch_size"],
+            "max_seq_len": values["max_seq_len"],
+            "decoupled": values["decoupled_mode"],
+        }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         old = None
         if out_dir.exists():

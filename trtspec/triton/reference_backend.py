@@ -84,7 +84,7 @@ class _Live:
             if n == 0:
                 continue
             for end in range(max(n, len(self.tokens) - 64), len(self.tokens) + 1):
-                if self.tokens[end - n:end] == seq:
+                if self.tokens[end - n : end] == seq:
                     return end
         return None
 
@@ -113,16 +113,24 @@ class _Live:
         self.first_ns = self.first_ns or now
         self.last_ns = now
         if len(self.tokens) >= self.req.max_new_tokens or (
-                self.tokens and self.req.end_id is not None and self.tokens[-1] == self.req.end_id):
+            self.tokens and self.req.end_id is not None and self.tokens[-1] == self.req.end_id
+        ):
             self.done = True
         return kept
 
     def reply(self, tokens: list[int], final: bool) -> Reply:
-        return Reply(tokens=tokens, final=final, accepted_draft_tokens=self.accepted,
-                     draft_tokens=self.steps * self.spec_nodes, target_steps=self.steps,
-                     num_output_tokens=len(self.tokens), arrival_ns=self.req.arrival_ns,
-                     scheduled_ns=self.scheduled_ns,
-                     first_token_ns=self.first_ns, last_token_ns=self.last_ns)
+        return Reply(
+            tokens=tokens,
+            final=final,
+            accepted_draft_tokens=self.accepted,
+            draft_tokens=self.steps * self.spec_nodes,
+            target_steps=self.steps,
+            num_output_tokens=len(self.tokens),
+            arrival_ns=self.req.arrival_ns,
+            scheduled_ns=self.scheduled_ns,
+            first_token_ns=self.first_ns,
+            last_token_ns=self.last_ns,
+        )
 
 
 def serving_compute(dtype: str | None, device: str, threads: int = 0, echo=print):
@@ -139,8 +147,14 @@ def serving_compute(dtype: str | None, device: str, threads: int = 0, echo=print
 class ReferenceBackend:
     """Owns one SpeculativeGenerator and the worker thread that feeds it."""
 
-    def __init__(self, generator, speculative: bool = True, max_batch_size: int = 8, start: bool = True,
-                 batch_window_s: float = 0.01):
+    def __init__(
+        self,
+        generator,
+        speculative: bool = True,
+        max_batch_size: int = 8,
+        start: bool = True,
+        batch_window_s: float = 0.01,
+    ):
         self.gen = generator
         self.speculative = speculative
         self.max_batch_size = max(1, int(max_batch_size))
@@ -191,8 +205,11 @@ class ReferenceBackend:
         deadline = time.monotonic() + self.batch_window_s
         while len(batch) < self.max_batch_size:
             try:
-                r = self.queue.get(timeout=max(deadline - time.monotonic(), 0.0)) \
-                    if self.batch_window_s else self.queue.get_nowait()
+                r = (
+                    self.queue.get(timeout=max(deadline - time.monotonic(), 0.0))
+                    if self.batch_window_s
+                    else self.queue.get_nowait()
+                )
             except queue.Empty:
                 break
             if r is None:
@@ -221,9 +238,15 @@ class ReferenceBackend:
         from trtspec.runtime.generate import GenerationConfig
 
         r0 = batch[0]
-        cfg = GenerationConfig(max_new_tokens=max(r.max_new_tokens for r in batch), temperature=r0.temperature,
-                               top_k=r0.top_k, top_p=r0.top_p, seed=r0.seed, eos_token_id=r0.end_id,
-                               speculative=self.speculative)
+        cfg = GenerationConfig(
+            max_new_tokens=max(r.max_new_tokens for r in batch),
+            temperature=r0.temperature,
+            top_k=r0.top_k,
+            top_p=r0.top_p,
+            seed=r0.seed,
+            eos_token_id=r0.end_id,
+            speculative=self.speculative,
+        )
         live = [_Live(r, self.spec_nodes) for r in batch]
         self.batches_run += 1
         for step in self.gen.stream_batch([r.prompt for r in batch], cfg):

@@ -67,9 +67,11 @@ def _pytriton_dir() -> Path | None:
 
 def _default_dist_dir() -> Path:
     """Where the writable copy lives: inside the active environment if writable, else the user cache."""
-    pyver = "%d.%d" % sys.version_info[:2]
-    candidates = [Path(sys.prefix) / "share" / "trtspec" / f"tritonserver-py{pyver}",
-                  Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trtspec" / f"tritonserver-py{pyver}"]
+    pyver = "{}.{}".format(*sys.version_info[:2])
+    candidates = [
+        Path(sys.prefix) / "share" / "trtspec" / f"tritonserver-py{pyver}",
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trtspec" / f"tritonserver-py{pyver}",
+    ]
     for c in candidates:
         try:
             c.parent.mkdir(parents=True, exist_ok=True)
@@ -92,13 +94,18 @@ def find_server(dist_dir: Path | None = None, install: bool = False) -> ServerDi
         install_pytriton()
         src = _pytriton_dir()
     if src is None:
-        raise UsageError("the Triton server is not installed in this environment",
-                         fix=f"pip install '{PYTRITON_REQUIREMENT}' (or pass --install)")
-    pyver = "%d.%d" % sys.version_info[:2]
+        raise UsageError(
+            "the Triton server is not installed in this environment",
+            fix=f"pip install '{PYTRITON_REQUIREMENT}' (or pass --install)",
+        )
+    pyver = "{}.{}".format(*sys.version_info[:2])
     stub_src = src / "python_backend_stubs" / pyver / "triton_python_backend_stub"
     if not stub_src.exists():
-        raise UsageError(f"the nvidia-pytriton wheel has no python backend stub for Python {pyver}",
-                         path=src / "python_backend_stubs", fix="use Python 3.8-3.13")
+        raise UsageError(
+            f"the nvidia-pytriton wheel has no python backend stub for Python {pyver}",
+            path=src / "python_backend_stubs",
+            fix="use Python 3.8-3.13",
+        )
     dist = Path(dist_dir) if dist_dir else _default_dist_dir()
     stub = dist / "backends" / "python" / "triton_python_backend_stub"
     marker = dist / ".source"
@@ -125,8 +132,9 @@ def find_server(dist_dir: Path | None = None, install: bool = False) -> ServerDi
     # the python stubs run torch: on shared or small machines spin-waiting OpenMP threads cost more than
     # they save (seen: 10x slower small ops under load)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return ServerDist(root=dist, binary=dist / "bin" / "tritonserver", backends=dist / "backends",
-                      caches=dist / "caches", env=env)
+    return ServerDist(
+        root=dist, binary=dist / "bin" / "tritonserver", backends=dist / "backends", caches=dist / "caches", env=env
+    )
 
 
 def _http_ok(url: str, timeout: float = 1.0) -> bool:
@@ -171,15 +179,23 @@ class TritonServer:
         return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
 
     def command(self, dist: ServerDist) -> list[str]:
-        return [str(dist.binary), f"--model-repository={Path(self.repo).resolve()}",
-                f"--backend-directory={dist.backends}", f"--cache-directory={dist.caches}",
-                f"--http-address={LOOPBACK}", f"--http-port={self.http_port}",
-                f"--grpc-address={LOOPBACK}", f"--grpc-port={self.grpc_port}",
-                f"--metrics-address={LOOPBACK}", f"--metrics-port={self.metrics_port}",
-                f"--log-verbose={self.log_verbose}", f"--exit-timeout-secs={self.exit_timeout_s}",
-                *self.extra_args]
+        return [
+            str(dist.binary),
+            f"--model-repository={Path(self.repo).resolve()}",
+            f"--backend-directory={dist.backends}",
+            f"--cache-directory={dist.caches}",
+            f"--http-address={LOOPBACK}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={LOOPBACK}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={LOOPBACK}",
+            f"--metrics-port={self.metrics_port}",
+            f"--log-verbose={self.log_verbose}",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            *self.extra_args,
+        ]
 
-    def start(self) -> "TritonServer":
+    def start(self) -> TritonServer:
         repo = Path(self.repo)
         if not repo.is_dir():
             raise UsageError("model repository not found", path=repo, fix="run `trtspec triton emit` first")
@@ -194,8 +210,14 @@ class TritonServer:
         log = open(self.log_path, "ab")
         try:
             # Own process group: stop() signals the server and every python stub it spawned.
-            self.proc = subprocess.Popen(self.command(dist), env=dist.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(dist),
+                env=dist.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         finally:
             log.close()
         try:
@@ -218,13 +240,18 @@ class TritonServer:
         url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise UsageError(f"tritonserver exited with code {self.proc.returncode} while starting; "
-                                 f"log {self.log_path}:\n{self.log_tail()}", path=self.repo)
+                raise UsageError(
+                    f"tritonserver exited with code {self.proc.returncode} while starting; "
+                    f"log {self.log_path}:\n{self.log_tail()}",
+                    path=self.repo,
+                )
             if _http_ok(url):
                 return
             time.sleep(0.2)
-        raise UsageError(f"tritonserver not ready after {self.startup_timeout_s:.0f} s; log {self.log_path}:\n"
-                         f"{self.log_tail()}", path=self.repo)
+        raise UsageError(
+            f"tritonserver not ready after {self.startup_timeout_s:.0f} s; log {self.log_path}:\n{self.log_tail()}",
+            path=self.repo,
+        )
 
     def is_alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -267,7 +294,7 @@ class TritonServer:
                 time.sleep(0.05)
         return proc.returncode
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -18,8 +18,10 @@ PLACEHOLDER = re.compile(r"\$\{([A-Za-z0-9_]+)\}")
 #: gpt_model_type are read unconditionally)
 TRTLLM_REQUIRED_PARAMETERS = ("gpt_model_path", "gpt_model_type")
 #: an unset parameter as TensorRT-LLM's fill_template leaves it: the whole string_value is one placeholder
-UNSET_PARAMETER = re.compile(r'^\s*parameters\s*:?\s*\{\s*key:\s*"[^"]+"\s*value:\s*\{\s*string_value:\s*'
-                             r'"\$\{[A-Za-z0-9_]+\}"\s*\}\s*\}\s*$')
+UNSET_PARAMETER = re.compile(
+    r'^\s*parameters\s*:?\s*\{\s*key:\s*"[^"]+"\s*value:\s*\{\s*string_value:\s*'
+    r'"\$\{[A-Za-z0-9_]+\}"\s*\}\s*\}\s*$'
+)
 
 
 def _proto():
@@ -27,8 +29,9 @@ def _proto():
         from google.protobuf import text_format
         from tritonclient.grpc import model_config_pb2
     except ImportError:  # pragma: no cover - the serve extra is missing
-        raise UsageError("validating Triton configs needs tritonclient",
-                         fix="pip install 'tritonclient[all]'") from None
+        raise UsageError(
+            "validating Triton configs needs tritonclient", fix="pip install 'tritonclient[all]'"
+        ) from None
     return text_format, model_config_pb2
 
 
@@ -42,8 +45,9 @@ def parse_config(text: str, path: str | Path = "config.pbtxt"):
         code = line.split("#", 1)[0]
         m = PLACEHOLDER.search(code)
         if m and not UNSET_PARAMETER.match(code):
-            raise CheckpointError(f"line {lineno}: placeholder ${{{m.group(1)}}} was not filled", path,
-                                  f"give a value for {m.group(1)!r}")
+            raise CheckpointError(
+                f"line {lineno}: placeholder ${{{m.group(1)}}} was not filled", path, f"give a value for {m.group(1)!r}"
+            )
     cfg = pb.ModelConfig()
     try:
         text_format.Parse(text, cfg)
@@ -54,9 +58,11 @@ def parse_config(text: str, path: str | Path = "config.pbtxt"):
             value = cfg.parameters[key].string_value if key in cfg.parameters else ""
             m = PLACEHOLDER.fullmatch(value)
             if not value or m:
-                raise CheckpointError(f"parameter {key!r} is not set"
-                                      + (f" (placeholder ${{{m.group(1)}}} was not filled)" if m else ""), path,
-                                      "the tensorrtllm backend cannot load the model without it")
+                raise CheckpointError(
+                    f"parameter {key!r} is not set" + (f" (placeholder ${{{m.group(1)}}} was not filled)" if m else ""),
+                    path,
+                    "the tensorrtllm backend cannot load the model without it",
+                )
     return cfg
 
 
@@ -69,8 +75,11 @@ def load_repository(repo: str | Path) -> dict:
     for d in sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")):
         f = d / "config.pbtxt"
         if not f.is_file():
-            raise CheckpointError("model directory has no config.pbtxt (Triton would refuse to start)", d,
-                                  "remove the directory or add its config")
+            raise CheckpointError(
+                "model directory has no config.pbtxt (Triton would refuse to start)",
+                d,
+                "remove the directory or add its config",
+            )
         cfg = parse_config(f.read_text(), f)
         if cfg.name and cfg.name != d.name:
             raise CheckpointError(f"config name {cfg.name!r} differs from its directory {d.name!r}", f)
@@ -94,19 +103,22 @@ def validate_repository(repo: str | Path) -> dict:
         for k, step in enumerate(cfg.ensemble_scheduling.step):
             model = configs.get(step.model_name)
             if model is None:
-                raise CheckpointError(f"ensemble step {k} uses model {step.model_name!r}, which the repository "
-                                      f"does not have", where)
+                raise CheckpointError(
+                    f"ensemble step {k} uses model {step.model_name!r}, which the repository does not have", where
+                )
             ins, outs = {i.name for i in model.input}, {o.name for o in model.output}
             for key, value in step.input_map.items():
                 if key not in ins:
                     raise CheckpointError(f"step {k}: {step.model_name} has no input {key!r}", where)
                 if value not in own_inputs and value not in produced:
-                    raise CheckpointError(f"step {k}: tensor {value!r} is neither an ensemble input nor an "
-                                          f"earlier step's output", where)
+                    raise CheckpointError(
+                        f"step {k}: tensor {value!r} is neither an ensemble input nor an earlier step's output", where
+                    )
             for i in model.input:
                 if not i.optional and i.name not in step.input_map:
-                    raise CheckpointError(f"step {k}: required input {i.name!r} of {step.model_name} is not "
-                                          f"mapped", where)
+                    raise CheckpointError(
+                        f"step {k}: required input {i.name!r} of {step.model_name} is not mapped", where
+                    )
             for key, value in step.output_map.items():
                 if key not in outs:
                     raise CheckpointError(f"step {k}: {step.model_name} has no output {key!r}", where)

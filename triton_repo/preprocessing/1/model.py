@@ -26,8 +26,16 @@ def _resolve(path, model_dir):
 
 
 #: upstream preprocessing inputs for multimodal / encoder-decoder / embedding-bias / prompt-table models
-UNSUPPORTED_INPUTS = ("DECODER_QUERY", "IMAGE_BYTES", "IMAGE_URL", "IMAGES", "VIDEO_BYTES", "EMBEDDING_BIAS_WORDS",
-                      "EMBEDDING_BIAS_WEIGHTS", "PROMPT_TABLE_EXTRA_ID")
+UNSUPPORTED_INPUTS = (
+    "DECODER_QUERY",
+    "IMAGE_BYTES",
+    "IMAGE_URL",
+    "IMAGES",
+    "VIDEO_BYTES",
+    "EMBEDDING_BIAS_WORDS",
+    "EMBEDDING_BIAS_WEIGHTS",
+    "PROMPT_TABLE_EXTRA_ID",
+)
 
 
 def _first(request, name):
@@ -88,39 +96,56 @@ class TritonPythonModel:
             if not ids:
                 raise ValueError("text_input tokenizes to no tokens")
             if self.max_seq_len and len(ids) + int(n) > self.max_seq_len:
-                raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({int(n)}) exceeds the model's "
-                                 f"max_seq_len {self.max_seq_len}: lower max_tokens to at most "
-                                 f"{max(self.max_seq_len - len(ids), 0)}")
+                raise ValueError(
+                    f"prompt ({len(ids)} tokens) + max_tokens ({int(n)}) exceeds the model's "
+                    f"max_seq_len {self.max_seq_len}: lower max_tokens to at most "
+                    f"{max(self.max_seq_len - len(ids), 0)}"
+                )
             ids_list.append(ids)
         width = max(len(i) for i in ids_list)
         end = _first(request, "END_ID")
         pad = _first(request, "PAD_ID")
-        end_ids = end.reshape(batch, -1)[:, :1].astype(np.int32) if end is not None else \
-            np.full((batch, 1), self.end_id, np.int32)
-        pad_ids = pad.reshape(batch, -1)[:, :1].astype(np.int32) if pad is not None else \
-            np.full((batch, 1), self.pad_id, np.int32)
-        input_id = np.stack([np.array(i + [int(pad_ids[k, 0])] * (width - len(i)), np.int32)
-                             for k, i in enumerate(ids_list)])
+        end_ids = (
+            end.reshape(batch, -1)[:, :1].astype(np.int32)
+            if end is not None
+            else np.full((batch, 1), self.end_id, np.int32)
+        )
+        pad_ids = (
+            pad.reshape(batch, -1)[:, :1].astype(np.int32)
+            if pad is not None
+            else np.full((batch, 1), self.pad_id, np.int32)
+        )
+        input_id = np.stack(
+            [np.array(i + [int(pad_ids[k, 0])] * (width - len(i)), np.int32) for k, i in enumerate(ids_list)]
+        )
         bad = _first(request, "BAD_WORDS_DICT")
         stop = _first(request, "STOP_WORDS_DICT")
 
         def words(arr):
             rows = [_words_to_ids(self.tokenizer, None if arr is None else arr[k]) for k in range(batch)]
             w = max(r.shape[1] for r in rows)
-            padded = [np.concatenate([np.pad(r[:1], ((0, 0), (0, w - r.shape[1]))),
-                                      np.pad(r[1:], ((0, 0), (0, w - r.shape[1])), constant_values=-1)])
-                      for r in rows]
+            padded = [
+                np.concatenate(
+                    [
+                        np.pad(r[:1], ((0, 0), (0, w - r.shape[1]))),
+                        np.pad(r[1:], ((0, 0), (0, w - r.shape[1])), constant_values=-1),
+                    ]
+                )
+                for r in rows
+            ]
             return np.stack(padded).astype(np.int32)
 
-        return pb_utils.InferenceResponse([
-            pb_utils.Tensor("INPUT_ID", input_id),
-            pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(i)] for i in ids_list], np.int32)),
-            pb_utils.Tensor("BAD_WORDS_IDS", words(bad)),
-            pb_utils.Tensor("STOP_WORDS_IDS", words(stop)),
-            pb_utils.Tensor("REQUEST_OUTPUT_LEN", lens.reshape(batch, 1).astype(np.int32)),
-            pb_utils.Tensor("OUT_END_ID", end_ids),
-            pb_utils.Tensor("OUT_PAD_ID", pad_ids),
-        ])
+        return pb_utils.InferenceResponse(
+            [
+                pb_utils.Tensor("INPUT_ID", input_id),
+                pb_utils.Tensor("REQUEST_INPUT_LEN", np.array([[len(i)] for i in ids_list], np.int32)),
+                pb_utils.Tensor("BAD_WORDS_IDS", words(bad)),
+                pb_utils.Tensor("STOP_WORDS_IDS", words(stop)),
+                pb_utils.Tensor("REQUEST_OUTPUT_LEN", lens.reshape(batch, 1).astype(np.int32)),
+                pb_utils.Tensor("OUT_END_ID", end_ids),
+                pb_utils.Tensor("OUT_PAD_ID", pad_ids),
+            ]
+        )
 
     def execute(self, requests):
         responses = []

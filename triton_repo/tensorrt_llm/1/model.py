@@ -64,8 +64,9 @@ class TritonPythonModel:
             if ids and device == "cuda":
                 device = f"cuda:{ids.split(',')[0].strip()}"
         choice = serving_compute(dtype, device, threads, echo=lambda line: print(f"tensorrt_llm (reference): {line}"))
-        spec = load_spec_model(target, heads, heads_format=kind if heads else None,
-                               tree=tree if heads else None, dtype=choice.dtype)
+        spec = load_spec_model(
+            target, heads, heads_format=kind if heads else None, tree=tree if heads else None, dtype=choice.dtype
+        )
         self.generator = SpeculativeGenerator(spec, device=device, dtype=choice.dtype)
         self.max_seq_len = int(_param(cfg, "max_seq_len", "0") or 0) or spec.target.arch.max_position_embeddings
         self.default_exclude_input = parse_bool(_param(cfg, "exclude_input_in_output", "true"), True)
@@ -73,9 +74,12 @@ class TritonPythonModel:
         self.default_end_id = eos if isinstance(eos, int) else (eos[0] if eos else None)
         speculative = parse_bool(_param(cfg, "trtspec_speculative", "true"), True)
         window_ms = float(_param(cfg, "trtspec_batch_window_ms", "20") or 0)
-        self.backend = ReferenceBackend(self.generator, speculative=speculative,
-                                        max_batch_size=max(1, int(cfg.get("max_batch_size", 1) or 1)),
-                                        batch_window_s=window_ms / 1000.0)
+        self.backend = ReferenceBackend(
+            self.generator,
+            speculative=speculative,
+            max_batch_size=max(1, int(cfg.get("max_batch_size", 1) or 1)),
+            batch_window_s=window_ms / 1000.0,
+        )
         self.perf_outputs = {o["name"] for o in cfg.get("output", [])}
         # KV-cache block size for the perf outputs: trtllm-build's --tokens_per_block default
         self.tokens_per_block = 32
@@ -89,8 +93,10 @@ class TritonPythonModel:
             raise ValueError("input_ids is required")
         ids = ids.reshape(ids.shape[0], -1) if ids.ndim > 1 else ids.reshape(1, -1)
         if ids.shape[0] != 1:
-            raise ValueError(f"one sequence per request, got a batch of {ids.shape[0]}: send them as separate "
-                             f"requests (they are batched on the server)")
+            raise ValueError(
+                f"one sequence per request, got a batch of {ids.shape[0]}: send them as separate "
+                f"requests (they are batched on the server)"
+            )
         n_in = _scalar(request, "input_lengths", ids.shape[1], int)
         if not 1 <= n_in <= ids.shape[1]:
             raise ValueError(f"input_lengths {n_in} does not fit input_ids of length {ids.shape[1]}")
@@ -99,8 +105,10 @@ class TritonPythonModel:
         if max_new is None or max_new <= 0:
             raise ValueError(f"request_output_len (max_tokens) must be >= 1, got {max_new}")
         if n_in + max_new > self.max_seq_len:
-            raise ValueError(f"prompt ({n_in} tokens) + max_tokens ({max_new}) exceeds max_seq_len "
-                             f"{self.max_seq_len}: lower max_tokens to at most {max(self.max_seq_len - n_in, 0)}")
+            raise ValueError(
+                f"prompt ({n_in} tokens) + max_tokens ({max_new}) exceeds max_seq_len "
+                f"{self.max_seq_len}: lower max_tokens to at most {max(self.max_seq_len - n_in, 0)}"
+            )
         for name, limit in (("beam_width", 1), ("num_return_sequences", 1)):
             v = _scalar(request, name, 1, int)
             if v > limit:
@@ -142,15 +150,27 @@ class TritonPythonModel:
         self_exclude = _scalar(request, "exclude_input_in_output", self.default_exclude_input, bool)
         streaming = _scalar(request, "streaming", False, bool)
         perf = _scalar(request, "return_perf_metrics", False, bool)
-        state = {"prompt": prompt, "exclude": self_exclude or streaming, "perf": perf,
-                 "n_in": _scalar(request, "return_num_input_tokens", False, bool),
-                 "n_out": _scalar(request, "return_num_output_tokens", False, bool),
-                 "block": self.tokens_per_block}
-        req = GenRequest(prompt=prompt, max_new_tokens=max_new, streaming=streaming,
-                         temperature=temperature, top_k=top_k, top_p=top_p,
-                         seed=_scalar(request, "seed", 0, int), end_id=end_id, stop_sequences=stops,
-                         emit=lambda reply: self._send(sender, reply, state),
-                         cancelled=getattr(sender, "is_cancelled", lambda: False))
+        state = {
+            "prompt": prompt,
+            "exclude": self_exclude or streaming,
+            "perf": perf,
+            "n_in": _scalar(request, "return_num_input_tokens", False, bool),
+            "n_out": _scalar(request, "return_num_output_tokens", False, bool),
+            "block": self.tokens_per_block,
+        }
+        req = GenRequest(
+            prompt=prompt,
+            max_new_tokens=max_new,
+            streaming=streaming,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=_scalar(request, "seed", 0, int),
+            end_id=end_id,
+            stop_sequences=stops,
+            emit=lambda reply: self._send(sender, reply, state),
+            cancelled=getattr(sender, "is_cancelled", lambda: False),
+        )
         req.state = state  # the unary path builds its response from it
         return req
 
@@ -160,20 +180,29 @@ class TritonPythonModel:
         if reply.error:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error))
         tokens = reply.tokens if state["exclude"] else state["prompt"] + reply.tokens
-        out = [pb_utils.Tensor("output_ids", np.array(tokens, np.int32).reshape(1, 1, -1)),
-               pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], np.int32)),
-               pb_utils.Tensor("batch_index", np.array([[0]], np.int32)),
-               pb_utils.Tensor("sequence_index", np.array([[0]], np.int32))]
+        out = [
+            pb_utils.Tensor("output_ids", np.array(tokens, np.int32).reshape(1, 1, -1)),
+            pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], np.int32)),
+            pb_utils.Tensor("batch_index", np.array([[0]], np.int32)),
+            pb_utils.Tensor("sequence_index", np.array([[0]], np.int32)),
+        ]
         if state["perf"]:
             # the reference runtime keeps no paged KV cache: report the blocks a paged cache of
             # tokens_per_block would hold for this sequence, none of them reused
             blocks = -(-(len(state["prompt"]) + reply.num_output_tokens) // state["block"])
-            i32 = {"kv_cache_alloc_new_blocks": blocks, "kv_cache_reused_blocks": 0,
-                   "kv_cache_alloc_total_blocks": blocks,
-                   "total_accepted_draft_tokens": reply.accepted_draft_tokens,
-                   "total_draft_tokens": reply.draft_tokens}
-            i64 = {"arrival_time_ns": reply.arrival_ns, "first_scheduled_time_ns": reply.scheduled_ns,
-                   "first_token_time_ns": reply.first_token_ns, "last_token_time_ns": reply.last_token_ns}
+            i32 = {
+                "kv_cache_alloc_new_blocks": blocks,
+                "kv_cache_reused_blocks": 0,
+                "kv_cache_alloc_total_blocks": blocks,
+                "total_accepted_draft_tokens": reply.accepted_draft_tokens,
+                "total_draft_tokens": reply.draft_tokens,
+            }
+            i64 = {
+                "arrival_time_ns": reply.arrival_ns,
+                "first_scheduled_time_ns": reply.scheduled_ns,
+                "first_token_time_ns": reply.first_token_ns,
+                "last_token_time_ns": reply.last_token_ns,
+            }
             out += [pb_utils.Tensor(k, np.array([[v]], np.int32)) for k, v in i32.items()]
             out += [pb_utils.Tensor(k, np.array([[v]], np.int64)) for k, v in i64.items()]
             out.append(pb_utils.Tensor("acceptance_rate", np.array([[reply.acceptance_rate]], np.float32)))
@@ -202,8 +231,10 @@ class TritonPythonModel:
                     continue
                 self.backend.submit(self._parse(request, sender))
             except Exception as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {exc}")),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender.send(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(f"tensorrt_llm: {exc}")),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
         return None
 
     def _execute_unary(self, requests):

@@ -24,35 +24,82 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 # ensemble-style input name -> preprocessing input
-PRE_INPUTS = {"text_input": "QUERY", "max_tokens": "REQUEST_OUTPUT_LEN", "bad_words": "BAD_WORDS_DICT",
-              "stop_words": "STOP_WORDS_DICT", "end_id": "END_ID", "pad_id": "PAD_ID",
-              "decoder_text_input": "DECODER_QUERY", "embedding_bias_words": "EMBEDDING_BIAS_WORDS",
-              "embedding_bias_weights": "EMBEDDING_BIAS_WEIGHTS", "prompt_table_extra_id": "PROMPT_TABLE_EXTRA_ID",
-              "image_bytes_input": "IMAGE_BYTES", "image_url_input": "IMAGE_URL",
-              "video_bytes_input": "VIDEO_BYTES"}
+PRE_INPUTS = {
+    "text_input": "QUERY",
+    "max_tokens": "REQUEST_OUTPUT_LEN",
+    "bad_words": "BAD_WORDS_DICT",
+    "stop_words": "STOP_WORDS_DICT",
+    "end_id": "END_ID",
+    "pad_id": "PAD_ID",
+    "decoder_text_input": "DECODER_QUERY",
+    "embedding_bias_words": "EMBEDDING_BIAS_WORDS",
+    "embedding_bias_weights": "EMBEDDING_BIAS_WEIGHTS",
+    "prompt_table_extra_id": "PROMPT_TABLE_EXTRA_ID",
+    "image_bytes_input": "IMAGE_BYTES",
+    "image_url_input": "IMAGE_URL",
+    "video_bytes_input": "VIDEO_BYTES",
+}
 # ensemble-style input name -> tensorrt_llm input
-LLM_INPUTS = {"exclude_input_in_output": "exclude_input_in_output", "top_k": "runtime_top_k",
-              "top_p": "runtime_top_p", "temperature": "temperature", "length_penalty": "len_penalty",
-              "repetition_penalty": "repetition_penalty", "min_tokens": "min_tokens",
-              "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty", "seed": "seed",
-              "return_log_probs": "return_log_probs", "return_context_logits": "return_context_logits",
-              "return_generation_logits": "return_generation_logits",
-              "return_perf_metrics": "return_perf_metrics", "return_num_input_tokens": "return_num_input_tokens",
-              "return_num_output_tokens": "return_num_output_tokens",
-              "num_return_sequences": "num_return_sequences", "beam_width": "beam_width", "stream": "streaming",
-              "prompt_embedding_table": "prompt_embedding_table", "prompt_vocab_size": "prompt_vocab_size",
-              "lora_task_id": "lora_task_id", "lora_weights": "lora_weights", "lora_config": "lora_config",
-              "guided_decoding_guide_type": "guided_decoding_guide_type",
-              "guided_decoding_guide": "guided_decoding_guide"}
-PRE_TO_LLM = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths",
-              "REQUEST_OUTPUT_LEN": "request_output_len", "OUT_END_ID": "end_id", "OUT_PAD_ID": "pad_id",
-              "STOP_WORDS_IDS": "stop_words_list", "BAD_WORDS_IDS": "bad_words_list"}
-PERF = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
-        "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
-        "total_accepted_draft_tokens", "total_draft_tokens")
-PASS_THROUGH = (*PERF, "num_input_tokens", "num_output_tokens", "cum_log_probs", "output_log_probs",
-                "batch_index", "sequence_index",
-                "context_logits", "generation_logits")
+LLM_INPUTS = {
+    "exclude_input_in_output": "exclude_input_in_output",
+    "top_k": "runtime_top_k",
+    "top_p": "runtime_top_p",
+    "temperature": "temperature",
+    "length_penalty": "len_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_tokens",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "seed": "seed",
+    "return_log_probs": "return_log_probs",
+    "return_context_logits": "return_context_logits",
+    "return_generation_logits": "return_generation_logits",
+    "return_perf_metrics": "return_perf_metrics",
+    "return_num_input_tokens": "return_num_input_tokens",
+    "return_num_output_tokens": "return_num_output_tokens",
+    "num_return_sequences": "num_return_sequences",
+    "beam_width": "beam_width",
+    "stream": "streaming",
+    "prompt_embedding_table": "prompt_embedding_table",
+    "prompt_vocab_size": "prompt_vocab_size",
+    "lora_task_id": "lora_task_id",
+    "lora_weights": "lora_weights",
+    "lora_config": "lora_config",
+    "guided_decoding_guide_type": "guided_decoding_guide_type",
+    "guided_decoding_guide": "guided_decoding_guide",
+}
+PRE_TO_LLM = {
+    "INPUT_ID": "input_ids",
+    "REQUEST_INPUT_LEN": "input_lengths",
+    "REQUEST_OUTPUT_LEN": "request_output_len",
+    "OUT_END_ID": "end_id",
+    "OUT_PAD_ID": "pad_id",
+    "STOP_WORDS_IDS": "stop_words_list",
+    "BAD_WORDS_IDS": "bad_words_list",
+}
+PERF = (
+    "kv_cache_alloc_new_blocks",
+    "kv_cache_reused_blocks",
+    "kv_cache_alloc_total_blocks",
+    "arrival_time_ns",
+    "first_scheduled_time_ns",
+    "first_token_time_ns",
+    "last_token_time_ns",
+    "acceptance_rate",
+    "total_accepted_draft_tokens",
+    "total_draft_tokens",
+)
+PASS_THROUGH = (
+    *PERF,
+    "num_input_tokens",
+    "num_output_tokens",
+    "cum_log_probs",
+    "output_log_probs",
+    "batch_index",
+    "sequence_index",
+    "context_logits",
+    "generation_logits",
+)
 
 
 def _param(cfg, key, default=""):
@@ -131,9 +178,14 @@ class TritonPythonModel:
         return found
 
     def _detok(self, tokens):
-        resp = self._call_one("postprocessing",
-                              [pb_utils.Tensor("TOKENS_BATCH", np.array(tokens, np.int32).reshape(1, 1, -1)),
-                               pb_utils.Tensor("SEQUENCE_LENGTH", np.array([[len(tokens)]], np.int32))], ["OUTPUT"])
+        resp = self._call_one(
+            "postprocessing",
+            [
+                pb_utils.Tensor("TOKENS_BATCH", np.array(tokens, np.int32).reshape(1, 1, -1)),
+                pb_utils.Tensor("SEQUENCE_LENGTH", np.array([[len(tokens)]], np.int32)),
+            ],
+            ["OUTPUT"],
+        )
         out = pb_utils.get_output_tensor_by_name(resp, "OUTPUT").as_numpy().reshape(-1)[0]
         return out.decode("utf-8", errors="replace") if isinstance(out, bytes) else str(out)
 
@@ -171,7 +223,7 @@ class TritonPythonModel:
                 if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for its next token
                     piece = ""
                 else:
-                    piece, emitted = text[len(emitted):], text
+                    piece, emitted = text[len(emitted) :], text
             else:
                 piece = self._detok(chunk)
             yield self._text_response(piece, extra)
@@ -186,8 +238,11 @@ class TritonPythonModel:
             if ids_t is None:  # the empty final response of a decoupled model
                 continue
             n = int(pb_utils.get_output_tensor_by_name(resp, "sequence_length").as_numpy().reshape(-1)[0])
-            extra = [pb_utils.Tensor(name, pb_utils.get_output_tensor_by_name(resp, name).as_numpy())
-                     for name in PASS_THROUGH if pb_utils.get_output_tensor_by_name(resp, name) is not None]
+            extra = [
+                pb_utils.Tensor(name, pb_utils.get_output_tensor_by_name(resp, name).as_numpy())
+                for name in PASS_THROUGH
+                if pb_utils.get_output_tensor_by_name(resp, name) is not None
+            ]
             yield ids_t.as_numpy().reshape(-1)[:n].tolist(), extra
 
     def _speculate(self, pre_out, llm_in, num_draft, request):
@@ -205,11 +260,13 @@ class TritonPythonModel:
         generated, drafted, accepted = [], 0, 0
 
         def inputs(seq, n_out):
-            return [pb_utils.Tensor("input_ids", np.array([seq], np.int32)),
-                    pb_utils.Tensor("input_lengths", np.array([[len(seq)]], np.int32)),
-                    pb_utils.Tensor("request_output_len", np.array([[n_out]], np.int32)),
-                    pb_utils.Tensor("streaming", np.array([[False]], bool)),
-                    pb_utils.Tensor("exclude_input_in_output", np.array([[True]], bool))]
+            return [
+                pb_utils.Tensor("input_ids", np.array([seq], np.int32)),
+                pb_utils.Tensor("input_lengths", np.array([[len(seq)]], np.int32)),
+                pb_utils.Tensor("request_output_len", np.array([[n_out]], np.int32)),
+                pb_utils.Tensor("streaming", np.array([[False]], bool)),
+                pb_utils.Tensor("exclude_input_in_output", np.array([[True]], bool)),
+            ]
 
         def tokens_of(resp):
             n = int(pb_utils.get_output_tensor_by_name(resp, "sequence_length").as_numpy().reshape(-1)[0])
@@ -221,8 +278,9 @@ class TritonPythonModel:
             draft = []
             if remaining > 1:
                 end = [t for t in options if t.name() in ("end_id", "pad_id")]
-                d = self._call_one(self.draft_name, inputs(seq, min(num_draft, remaining - 1)) + end,
-                                   ["output_ids", "sequence_length"])
+                d = self._call_one(
+                    self.draft_name, inputs(seq, min(num_draft, remaining - 1)) + end, ["output_ids", "sequence_length"]
+                )
                 draft = tokens_of(d)
             verify = inputs(seq, len(draft) + 1) + options
             if draft:
@@ -235,18 +293,21 @@ class TritonPythonModel:
             first_token_ns = first_token_ns or time.time_ns()
             stop = end_id in new
             if stop:
-                new = new[:new.index(end_id) + 1]
+                new = new[: new.index(end_id) + 1]
             generated += new
             extra = []
             if perf:
                 now = time.time_ns()
-                extra = [pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], np.int32)),
-                         pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], np.int32)),
-                         pb_utils.Tensor("acceptance_rate",
-                                         np.array([[accepted / drafted if drafted else 0.0]], np.float32)),
-                         pb_utils.Tensor("arrival_time_ns", np.array([[arrival]], np.int64)),
-                         pb_utils.Tensor("first_token_time_ns", np.array([[first_token_ns]], np.int64)),
-                         pb_utils.Tensor("last_token_time_ns", np.array([[now]], np.int64))]
+                extra = [
+                    pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], np.int32)),
+                    pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], np.int32)),
+                    pb_utils.Tensor(
+                        "acceptance_rate", np.array([[accepted / drafted if drafted else 0.0]], np.float32)
+                    ),
+                    pb_utils.Tensor("arrival_time_ns", np.array([[arrival]], np.int64)),
+                    pb_utils.Tensor("first_token_time_ns", np.array([[first_token_ns]], np.int64)),
+                    pb_utils.Tensor("last_token_time_ns", np.array([[now]], np.int64)),
+                ]
             yield new, extra
             if stop:
                 break
@@ -255,11 +316,14 @@ class TritonPythonModel:
     def _text_response(text, extra):
         # flat [1] (one sequence), as upstream's BLS sends it: clients read text_output[0]
         out = np.array([text.encode("utf-8")], dtype=object)
-        index = [pb_utils.Tensor("batch_index", np.array([[0]], np.int32)),
-                 pb_utils.Tensor("sequence_index", np.array([[0]], np.int32))]
+        index = [
+            pb_utils.Tensor("batch_index", np.array([[0]], np.int32)),
+            pb_utils.Tensor("sequence_index", np.array([[0]], np.int32)),
+        ]
         names = {t.name() for t in extra}
-        return pb_utils.InferenceResponse([pb_utils.Tensor("text_output", out), *extra,
-                                           *[t for t in index if t.name() not in names]])
+        return pb_utils.InferenceResponse(
+            [pb_utils.Tensor("text_output", out), *extra, *[t for t in index if t.name() not in names]]
+        )
 
     def finalize(self):
         with self.lock:

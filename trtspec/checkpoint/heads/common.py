@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from trtspec.errors import CheckpointError
 from trtspec.checkpoint.target import PICKLE_SUFFIXES, load_pickle_tensors
 from trtspec.checkpoint.tensors import TensorStore
+from trtspec.errors import CheckpointError
 from trtspec.spec import TargetSpec
 
 
@@ -22,12 +22,18 @@ def open_weights(path: Path, names: tuple[str, ...], allow_pickle: bool) -> Tens
             continue
         if f.suffix in PICKLE_SUFFIXES:
             if not allow_pickle:
-                raise CheckpointError(f"heads are a pickle file ({f.name}); pickles can run code", f,
-                                      "convert to safetensors, or pass --allow-pickle (loads with weights_only=True)")
+                raise CheckpointError(
+                    f"heads are a pickle file ({f.name}); pickles can run code",
+                    f,
+                    "convert to safetensors, or pass --allow-pickle (loads with weights_only=True)",
+                )
             return TensorStore.from_tensors(load_pickle_tensors([f]))
         return TensorStore.from_files([f])
-    raise CheckpointError(f"no head weights found (looked for {', '.join(names)})", path,
-                          "point --heads at the heads directory or weight file")
+    raise CheckpointError(
+        f"no head weights found (looked for {', '.join(names)})",
+        path,
+        "point --heads at the heads directory or weight file",
+    )
 
 
 def single_dtype(store: TensorStore, where: Path, skip: tuple[str, ...] = ("d2t", "t2d")) -> torch.dtype:
@@ -42,17 +48,26 @@ def expect_shape(store: TensorStore, name: str, shape: tuple[int, ...], where: P
         raise CheckpointError(f"missing tensor {name!r}", where, "the heads file is incomplete or of another format")
     got = store.shape(name)
     if got != shape:
-        raise CheckpointError(f"{name} has shape {list(got)} but {what} needs {list(shape)}", where,
-                              "these heads were trained for a different target")
+        raise CheckpointError(
+            f"{name} has shape {list(got)} but {what} needs {list(shape)}",
+            where,
+            "these heads were trained for a different target",
+        )
 
 
 def check_hidden(got: int, target: TargetSpec, where: Path) -> None:
     if got != target.arch.hidden_size:
-        raise CheckpointError(f"hidden size mismatch: heads have {got}, target has {target.arch.hidden_size}", where,
-                              "use heads trained for this target")
+        raise CheckpointError(
+            f"hidden size mismatch: heads have {got}, target has {target.arch.hidden_size}",
+            where,
+            "use heads trained for this target",
+        )
 
 
 def check_vocab(got: int, target: TargetSpec, where: Path) -> None:
     if got != target.arch.vocab_size:
-        raise CheckpointError(f"vocab size mismatch: heads have {got}, target has {target.arch.vocab_size}", where,
-                              "use heads trained for this target's tokenizer")
+        raise CheckpointError(
+            f"vocab size mismatch: heads have {got}, target has {target.arch.vocab_size}",
+            where,
+            "use heads trained for this target's tokenizer",
+        )

@@ -39,22 +39,29 @@ def load_draft_vocab(heads: Path, vocab_size: int, size: int | None = None) -> t
         return None
     if not f.is_file():
         if size is not None:
-            raise UsageError(f"{f.parent}: --draft-vocab {size} but the heads have no {DRAFT_VOCAB_FILE} "
-                             "(train-heads --draft-vocab N writes one)")
+            raise UsageError(
+                f"{f.parent}: --draft-vocab {size} but the heads have no {DRAFT_VOCAB_FILE} "
+                "(train-heads --draft-vocab N writes one)"
+            )
         return None
     try:
         tensors = load_file(str(f))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"not a readable safetensors file ({str(exc)[:100]})", f,
-                              "delete it or rewrite it with train-heads --draft-vocab") from None
+        raise CheckpointError(
+            f"not a readable safetensors file ({str(exc)[:100]})",
+            f,
+            "delete it or rewrite it with train-heads --draft-vocab",
+        ) from None
     ids = tensors.get(TENSOR)
     if ids is None or ids.dim() != 1 or ids.dtype not in (torch.int32, torch.int64) or ids.numel() == 0:
-        raise CheckpointError(f"needs one non-empty 1-D integer tensor {TENSOR!r}", f,
-                              "rewrite it with train-heads --draft-vocab")
+        raise CheckpointError(
+            f"needs one non-empty 1-D integer tensor {TENSOR!r}", f, "rewrite it with train-heads --draft-vocab"
+        )
     ids = ids.long()
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-        raise CheckpointError(f"token ids outside the target vocabulary [0, {vocab_size})", f,
-                              "it was written for another tokenizer")
+        raise CheckpointError(
+            f"token ids outside the target vocabulary [0, {vocab_size})", f, "it was written for another tokenizer"
+        )
     if ids.unique().numel() != ids.numel():
         raise CheckpointError("repeated token ids", f, "rewrite it with train-heads --draft-vocab")
     if size is not None:
