@@ -40,8 +40,11 @@ def _kinds(pred) -> str:
     "--data",
     "-d",
     multiple=True,
-    required=True,
-    help="Training data: .jsonl ({text} / {messages} / {conversations}), .json, .txt, or 'chitchat[:N]'. Repeatable.",
+    default=("mix",),
+    show_default=True,
+    help="Training data: 'mix[:N]' (chat with the chat template, Python-docs prose and stdlib code continued raw; "
+    "weights as mix:N:chat=0.5,prose=0.25,code=0.25), 'chat', 'prose', 'code', 'chitchat[:N]', or a file: .jsonl "
+    "({text} / {messages} / {conversations}), .json, .txt. Repeatable. '<source>-eval' parts are never trained on.",
 )
 @click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Output heads directory.")
 @click.option(

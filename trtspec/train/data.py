@@ -6,6 +6,9 @@ contexts (no role markers, no system prompt) and acceptance collapses, so chat d
 the target tokenizer's own template, ending in the generation prompt the server adds.
 
 Accepted inputs (``--data``, repeatable):
+  * ``mix[:N]`` (train-heads' default), ``chat``, ``prose``, ``code``, ``<source>-eval``: the offline
+    corpora of trtspec.train.corpora (chat with the template, prose and code continued raw; the eval parts
+    are never trained on).
   * ``chitchat`` or ``chitchat:N``: the chitchat-dataset package (N conversations, default all).
   * ``*.jsonl``: one object per line, ``{"text": ...}``, ``{"messages": [{"role", "content"}, ...]}``
     (OpenAI style) or ``{"conversations": [{"from", "value"}, ...]}`` (ShareGPT style).
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trtspec.errors import CheckpointError, UsageError
+from trtspec.train.corpora import corpus_samples
 
 _ROLE_MAP = {
     "human": "user",
@@ -40,6 +44,7 @@ class Sample:
 
     text: str | None = None
     messages: tuple[tuple[str, str], ...] | None = None  # (role, content)
+    raw: bool = False  # continue the text as it is (prose, code): never wrapped in the chat template
 
 
 def _messages(obj: Any, where: str) -> tuple[tuple[str, str], ...]:
@@ -150,11 +155,14 @@ def chitchat_samples(limit: int | None = None, seed: int = 0, max_turns: int = 4
 def load_samples(sources: list[str] | tuple[str, ...], seed: int = 0) -> list[Sample]:
     """Read every ``--data`` source; raise a clear error for missing, empty or malformed input."""
     if not sources:
-        raise UsageError("no --data given; pass a .jsonl/.json/.txt file or 'chitchat'")
+        raise UsageError("no --data given; pass a .jsonl/.json/.txt file, 'mix', 'chat', 'prose', 'code' or 'chitchat'")
     samples: list[Sample] = []
     for src in sources:
         src = str(src)
-        if src == "chitchat" or src.startswith("chitchat:"):
+        builtin = corpus_samples(src, seed)
+        if builtin is not None:
+            got = builtin
+        elif src == "chitchat" or src.startswith("chitchat:"):
             n = src.split(":", 1)[1] if ":" in src else ""
             if n and not n.isdigit():
                 raise UsageError(f"bad data source {src!r}; use chitchat or chitchat:N")
@@ -206,7 +214,7 @@ def encode_prompt(tokenizer, sample: Sample, chat: bool = True) -> list[int]:
         add_gen = msgs[-1]["role"] != "assistant"
         return _ids(tokenizer.apply_chat_template(msgs, add_generation_prompt=add_gen, tokenize=True))
     text = sample.text or ""
-    if chat and getattr(tokenizer, "chat_template", None):
+    if chat and not sample.raw and getattr(tokenizer, "chat_template", None):
         return _ids(
             tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
