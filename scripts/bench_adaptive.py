@@ -65,12 +65,13 @@ def main() -> None:
 
     from trtspec.checkpoint.target import load_hf_causal_lm
     from trtspec.checkpoint.truncate import write_truncated_draft
-    from trtspec.cli.train import resolve_dtype
+    from trtspec.dtypes import resolve_dtype
     from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
     from trtspec.runtime.report import table
 
-    dtype = resolve_dtype(args.dtype)
+    choice = resolve_dtype(args.dtype)
+    dtype = str(choice.dtype).removeprefix("torch.")
     with tempfile.TemporaryDirectory() as tmp:
         heads = args.heads or write_truncated_draft(load_hf_causal_lm(args.target), 4, Path(tmp) / "draft")
         spec = load_spec_model(args.target, heads, tree=args.tree, dtype=dtype)
