@@ -53,13 +53,13 @@ def bench_loader(target: Path) -> dict:
 def bench_decoding(target: Path, max_new: int, configs: list[tuple[int, str]]) -> list[dict]:
     from trtspec.checkpoint.target import load_hf_causal_lm
     from trtspec.checkpoint.truncate import write_truncated_draft
-    from trtspec.cli.generate import encode_prompt
     from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
+    from trtspec.train.data import Sample, encode_prompt
 
     tgt = load_hf_causal_lm(target)
     tok = load_tokenizer(tgt)
-    prompts = [encode_prompt(tok, p, chat=True) for p in PROMPTS]
+    prompts = [encode_prompt(tok, Sample(text=p), chat=True) for p in PROMPTS]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         plain_gen = SpeculativeGenerator(load_spec_model(target))

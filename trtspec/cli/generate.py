@@ -14,23 +14,13 @@ from trtspec.cli.options import draft_vocab_option, max_tokens_option, model_opt
 from trtspec.dtypes import COMPUTE_DTYPES
 from trtspec.errors import UsageError
 from trtspec.load import load_spec_model, load_tokenizer
+from trtspec.train.data import Sample, encode_prompt
 
 DTYPE_HELP = (
     "Run dtype. auto: bfloat16 (pre-packed oneDNN kernels) where the CPU has native bfloat16 "
     "(AVX512-BF16/AMX), float32 on other CPUs (bfloat16 is several times slower there); "
     "bfloat16/float16 on GPUs. An explicit dtype is obeyed."
 )
-
-
-def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
-    if chat and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-    else:
-        ids = tokenizer(text)["input_ids"]
-    if not ids:
-        raise UsageError("the prompt encodes to zero tokens")
-    return list(ids)
 
 
 @click.command("generate")
@@ -92,7 +82,9 @@ def generate_cmd(
         draft_vocab=draft_vocab,
     )
     tok = load_tokenizer(spec.target)
-    prompts = [encode_prompt(tok, p, chat) for p in prompt]
+    prompts = [encode_prompt(tok, Sample(text=p), chat) for p in prompt]
+    if not all(prompts):
+        raise UsageError("the prompt encodes to zero tokens")
     choice = setup_compute(dtype, echo=lambda line: click.echo(line, err=True))  # inputs are valid: announce
     gen = SpeculativeGenerator(spec, dtype=choice.dtype)
     eos = spec.target.arch.eos_token_id
