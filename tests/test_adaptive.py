@@ -85,3 +85,30 @@ def test_adaptive_sampling_and_streaming_stay_consistent(useless):
     cfg = GenerationConfig(max_new_tokens=40, adaptive=True, temperature=1.0, seed=3)
     steps = list(gen.stream_batch([[1, 2, 3]], cfg))
     assert sum(len(s.tokens[0]) for s in steps) == 40
+
+
+def test_served_runtime_falls_back_per_request(useless):
+    """The reference Triton backend with adaptive speculation: text equals plain greedy, and each reply's
+    draft-token count is what its steps really verified (fewer than a fixed tree's)."""
+    import threading
+
+    from trtspec.triton.reference_backend import GenRequest, ReferenceBackend
+
+    gen = SpeculativeGenerator(useless)
+    replies, done = [], threading.Event()
+
+    def emit(reply):
+        replies.append(reply)
+        if reply.final:
+            done.set()
+
+    backend = ReferenceBackend(gen, speculative=True, adaptive=True, max_batch_size=1)
+    try:
+        backend.submit(GenRequest(prompt=[5, 9, 17, 3], max_new_tokens=48, emit=emit))
+        assert done.wait(120)
+    finally:
+        backend.close()
+    final = replies[-1]
+    plain = gen.generate([[5, 9, 17, 3]], GenerationConfig(max_new_tokens=48, speculative=False)).tokens[0]
+    assert final.tokens == plain
+    assert final.draft_tokens < final.target_steps * useless.tree.num_nodes / 2

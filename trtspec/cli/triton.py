@@ -115,6 +115,13 @@ def triton_group() -> None:
 @click.option("--device", default="auto", show_default=True, help="reference: cpu, cuda, cuda:N or auto.")
 @click.option("--no-speculative", is_flag=True, help="reference: plain decoding with the same model (baseline).")
 @click.option(
+    "--adaptive/--fixed-tree",
+    default=False,
+    show_default=True,
+    help="reference: choose each step's tree (down to none) from measured step costs and acceptance, so "
+    "speculation never runs slower than plain decoding (per-request draft counts then vary).",
+)
+@click.option(
     "--decoupled/--no-decoupled",
     default=True,
     show_default=True,
@@ -143,6 +150,7 @@ def emit_cmd(
     max_batch_size,
     device,
     no_speculative,
+    adaptive,
     decoupled,
     max_seq_len,
 ) -> None:
@@ -174,7 +182,12 @@ def emit_cmd(
         tree=fields.get("tree"),
         dtype=fields.get("dtype") if runtime == "reference" and not auto else None,
     )
-    options = {"triton_max_batch_size": max_batch_size, "speculative": not no_speculative, "decoupled_mode": decoupled}
+    options = {
+        "triton_max_batch_size": max_batch_size,
+        "speculative": not no_speculative,
+        "decoupled_mode": decoupled,
+        "trtspec_adaptive": adaptive,
+    }
     if max_seq_len is not None:
         if max_seq_len < 1:
             raise UsageError("--max-seq-len must be >= 1")

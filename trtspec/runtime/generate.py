@@ -144,6 +144,7 @@ class StepOutput:
     tokens: list[list[int]]
     accepted: list[int | None]
     metrics: SpecMetrics
+    draft_nodes: int = 0  # draft tokens this step verified per live sequence (0 = a plain step)
 
 
 @dataclass
@@ -339,6 +340,7 @@ def decode(
             fresh,
             accepted,
             step_metrics(accepted, sum(len(f) for f in fresh), step_tree.num_nodes, tree.max_depth, wall),
+            step_tree.num_nodes,
         )
 
 

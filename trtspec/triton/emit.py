@@ -130,6 +130,7 @@ DEFAULTS: dict[str, Any] = {
     "trtspec_torch_threads": None,  # reference: torch intra-op threads (None = torch's default)
     "trtspec_batch_window_ms": 20,  # reference: wait this long after a request for others to batch with
     "speculative": True,
+    "trtspec_adaptive": False,  # reference: each step's tree (down to none) from measured costs (runtime.adaptive)
     # the engine's max_seq_len (trtllm-build --max_seq_len); None: the engine dir's config.json, else (reference
     # runtime only) the model's max_position_embeddings
     "max_seq_len": None,
@@ -242,6 +243,7 @@ def template_values(
             trtspec_heads_dir=str(Path(spec.drafter.path).resolve()) if spec.drafter else None,
             trtspec_dtype=o.get("trtspec_dtype") or _dtype_name(spec.dtype),
             trtspec_speculative=bool(speculative),
+            trtspec_adaptive=bool(o.get("trtspec_adaptive")) and bool(speculative),
             engine_dir=None,
             executor_worker_path=None,
             kv_cache_free_gpu_mem_fraction=None,
@@ -255,6 +257,7 @@ def template_values(
             trtspec_dtype=None,
             trtspec_device=None,
             trtspec_speculative=None,
+            trtspec_adaptive=None,
             trtspec_torch_threads=None,
             trtspec_batch_window_ms=None,
         )
@@ -344,7 +347,10 @@ def draft_values(spec: SpecModel, runtime: str, values: dict[str, Any], draft_en
         v["engine_dir"] = str(Path(draft_engine_dir).resolve())
     else:
         v.update(
-            trtspec_target_dir=str(Path(spec.drafter.path).resolve()), trtspec_heads_dir=None, trtspec_speculative=False
+            trtspec_target_dir=str(Path(spec.drafter.path).resolve()),
+            trtspec_heads_dir=None,
+            trtspec_speculative=False,
+            trtspec_adaptive=False,
         )
     return v
 
@@ -445,6 +451,7 @@ def emit_repository(
             "tree_choices": json.loads(values["trtspec_tree_choices"] or "[]"),
             "max_draft_len": values["max_draft_len"],
             "speculative": values.get("trtspec_speculative"),
+            "adaptive": values.get("trtspec_adaptive"),
             "engine_dir": values["engine_dir"],
             "plugin_library": plugin_rel,
             "max_batch_size": values["triton_max_batch_size"],

@@ -65,14 +65,14 @@ class GenRequest:
 class _Live:
     """Per-request bookkeeping while its batch runs."""
 
-    def __init__(self, req: GenRequest, spec_nodes: int):
+    def __init__(self, req: GenRequest):
         self.req = req
         self.tokens: list[int] = []
         self.pending: list[int] = []  # non-streaming: everything is sent at the end
         self.done = False
         self.steps = 0
         self.accepted = 0
-        self.spec_nodes = spec_nodes
+        self.drafted = 0  # draft tokens verified for this request (adaptive steps verify fewer, or none)
         self.first_ns = 0
         self.last_ns = 0
         self.scheduled_ns = time.time_ns()
@@ -88,7 +88,7 @@ class _Live:
                     return end
         return None
 
-    def add(self, chunk: list[int], accepted: int | None) -> list[int]:
+    def add(self, chunk: list[int], accepted: int | None, draft_nodes: int = 0) -> list[int]:
         """Take a chunk from the loop (``accepted`` drafts in it; None for the prefill token); returns the
         part this request keeps (clipped at its own limits)."""
         if self.done or not chunk:
@@ -96,6 +96,7 @@ class _Live:
         if accepted is not None:
             self.steps += 1
             self.accepted += accepted
+            self.drafted += draft_nodes
         room = self.req.max_new_tokens - len(self.tokens)
         kept = []
         for t in chunk[:room]:
@@ -123,7 +124,7 @@ class _Live:
             tokens=tokens,
             final=final,
             accepted_draft_tokens=self.accepted,
-            draft_tokens=self.steps * self.spec_nodes,
+            draft_tokens=self.drafted,
             target_steps=self.steps,
             num_output_tokens=len(self.tokens),
             arrival_ns=self.req.arrival_ns,
@@ -152,11 +153,13 @@ class ReferenceBackend:
         generator,
         speculative: bool = True,
         max_batch_size: int = 8,
+        adaptive: bool = False,
         start: bool = True,
         batch_window_s: float = 0.01,
     ):
         self.gen = generator
         self.speculative = speculative
+        self.adaptive = adaptive  # each step's tree from measured costs and acceptance (runtime.adaptive)
         self.max_batch_size = max(1, int(max_batch_size))
         # after the first request of a batch, wait this long for more: concurrent clients never arrive in
         # the same microsecond, and a request that just misses a batch waits for the whole batch to finish
@@ -246,8 +249,9 @@ class ReferenceBackend:
             seed=r0.seed,
             eos_token_id=r0.end_id,
             speculative=self.speculative,
+            adaptive=self.adaptive,
         )
-        live = [_Live(r, self.spec_nodes) for r in batch]
+        live = [_Live(r) for r in batch]
         self.batches_run += 1
         for step in self.gen.stream_batch([r.prompt for r in batch], cfg):
             for lv, chunk, accepted in zip(live, step.tokens, step.accepted):
@@ -257,7 +261,7 @@ class ReferenceBackend:
                     lv.done = True
                     lv.req.emit(lv.reply([], True))
                     continue
-                kept = lv.add(chunk, accepted)
+                kept = lv.add(chunk, accepted, step.draft_nodes)
                 if lv.req.streaming:
                     if kept or lv.done:
                         lv.req.emit(lv.reply(kept, lv.done))

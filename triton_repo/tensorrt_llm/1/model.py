@@ -73,10 +73,12 @@ class TritonPythonModel:
         eos = spec.target.arch.eos_token_id
         self.default_end_id = eos if isinstance(eos, int) else (eos[0] if eos else None)
         speculative = parse_bool(_param(cfg, "trtspec_speculative", "true"), True)
+        adaptive = parse_bool(_param(cfg, "trtspec_adaptive", "false"), False)
         window_ms = float(_param(cfg, "trtspec_batch_window_ms", "20") or 0)
         self.backend = ReferenceBackend(
             self.generator,
             speculative=speculative,
+            adaptive=adaptive,
             max_batch_size=max(1, int(cfg.get("max_batch_size", 1) or 1)),
             batch_window_s=window_ms / 1000.0,
         )
