@@ -1,17 +1,19 @@
 #!/usr/bin/env python
-"""Acceptance benchmark: heads trained by trtspec on chitchat, evaluated on held-out conversations.
+"""Acceptance benchmark: every drafter kind at one training budget, evaluated per text domain.
 
-For each head kind (mtp-linear, mtp-single, medusa, eagle; the MTP kinds with and without RMSNorm):
-train on the self-distillation cache of SmolLM2-135M, tune a tree for a few node budgets, then decode
-held-out chitchat prompts greedily with the reference runtime, speculative and plain in the same run,
-and report mean acceptance length, per-position acceptance and wall-clock speedup. Prints a table and
-writes it as JSON (``<out>/results.json``).
+For each run (a drafter kind, the MTP kinds with and without RMSNorm): train on the self-distillation
+cache of SmolLM2-135M (``--data``, default the offline mixture of chat, prose and code), tune a tree for a
+few node budgets on held-out calibration prompts, then decode the held-out evaluation prompts of every
+domain (chat, prose, code; never trained on) greedily with the reference runtime: plain, the fixed tree
+and adaptive speculation in the same run. Reports the domain x kind matrix: mean acceptance length,
+per-position acceptance, speedup over plain, adaptive's speedup, and whether the output equals plain
+greedy. Prints the matrix and writes it as JSON (``<out>/results.json``).
 
 Every stage is resumable: the cache resumes shard by shard, trained heads are reused when their
 directory exists (``--retrain`` to redo). Prepare the model first: ``python scripts/prepare_smollm2.py``.
 
     python scripts/bench_acceptance.py                 # the full run (about an hour on 2 cores)
-    python scripts/bench_acceptance.py --kinds mtp-single --nodes 4,8
+    python scripts/bench_acceptance.py --runs mtp-single --nodes 4,8 --samples 200
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import torch
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.load import load_spec_model, load_tokenizer
 from trtspec.train.cache import HiddenCache, build_cache
-from trtspec.train.data import chitchat_samples, encode_prompt, split_holdout
+from trtspec.train.corpora import SOURCES, corpus_samples, source_samples
+from trtspec.train.data import encode_prompt
 
 RUNS = {  # name -> (kind, rmsnorm)
     "mtp-linear": ("mtp-linear", True),
@@ -46,8 +49,14 @@ def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", type=Path, default=ROOT / ".cache" / "smollm2")
     ap.add_argument("--out", type=Path, default=ROOT / ".cache" / "bench_acceptance")
-    ap.add_argument("--conversations", type=int, default=700, help="chitchat conversations used (train + held out)")
-    ap.add_argument("--holdout", type=int, default=40, help="last N conversations never trained on")
+    ap.add_argument(
+        "--data",
+        default="mix",
+        help="training data: mix (chat + prose + code, the train-heads default) or one of " + ", ".join(SOURCES),
+    )
+    ap.add_argument("--samples", type=int, default=660, help="training samples drawn from --data")
+    ap.add_argument("--domains", default=",".join(SOURCES), help="evaluation domains (their held-out parts)")
+    ap.add_argument("--calib-prompts", type=int, default=10, help="held-out calibration prompts per domain")
     ap.add_argument("--gen-tokens", type=int, default=96, help="target reply length cached per prompt")
     ap.add_argument("--topk", type=int, default=8, help="target top-k logits cached (soft labels)")
     ap.add_argument("--cache-batch", type=int, default=32)
@@ -66,7 +75,7 @@ def parse() -> argparse.Namespace:
         default="0,8192",
         help="draft vocabularies tried per run (0 = full; N = the N tokens the target writes most)",
     )
-    ap.add_argument("--eval-prompts", type=int, default=8)
+    ap.add_argument("--eval-prompts", type=int, default=6, help="held-out evaluation prompts per domain")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--only", choices=["cache", "train", "all"], default="all")
     ap.add_argument("--retrain", action="store_true")
@@ -86,13 +95,17 @@ def parse() -> argparse.Namespace:
 
 
 def prepare(args):
+    """Training items from ``--data``; per domain, calibration and evaluation items from its held-out part
+    (disjoint: the first ``--eval-prompts`` evaluate, the next ``--calib-prompts`` calibrate)."""
     target = load_hf_causal_lm(args.target)
     tok = load_tokenizer(target)
-    samples = chitchat_samples(args.conversations, seed=0)
-    train_s, held = split_holdout(samples, args.holdout)
-    train_items = [encode_prompt(tok, s) for s in train_s]
-    held_items = [encode_prompt(tok, s) for s in held]
-    return target, tok, train_items, held_items
+    train_items = [encode_prompt(tok, s) for s in corpus_samples(f"{args.data}:{args.samples}", seed=0)]
+    calib_items, eval_by_domain = [], {}
+    for domain in [d for d in args.domains.split(",") if d]:
+        held = source_samples(domain, evaluation=True, seed=0)
+        eval_by_domain[domain] = [encode_prompt(tok, s) for s in held[: args.eval_prompts]]
+        calib_items += [encode_prompt(tok, s) for s in held[args.eval_prompts : args.eval_prompts + args.calib_prompts]]
+    return target, tok, train_items, calib_items, eval_by_domain
 
 
 def main() -> None:
@@ -102,7 +115,7 @@ def main() -> None:
     if not (args.target / "config.json").is_file():
         sys.exit(f"{args.target}: no model; run python scripts/prepare_smollm2.py first")
     args.out.mkdir(parents=True, exist_ok=True)
-    target, tok, train_items, held_items = prepare(args)
+    target, tok, train_items, calib_items, eval_by_domain = prepare(args)
     t0 = time.perf_counter()
     cache_dir = args.out / "cache"
     build_cache(
@@ -122,7 +135,6 @@ def main() -> None:
     )
     if args.only == "cache":
         return
-    calib_items, eval_items = held_items[: len(held_items) - args.eval_prompts], held_items[-args.eval_prompts :]
     calib_dir = args.out / "calib"
     build_cache(
         target,
@@ -152,7 +164,8 @@ def main() -> None:
         "cache_tokens": cache.num_tokens,
         "cache_sequences": len(cache.sequences),
         "calibration_tokens": calib.num_tokens,
-        "eval_prompts": len(eval_items),
+        "data": f"{args.data}:{args.samples}",
+        "eval_prompts_per_domain": {d: len(v) for d, v in eval_by_domain.items()},
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
         "dtype": args.dtype,
@@ -177,7 +190,7 @@ def main() -> None:
                 f"{name}: evaluating with {'the full vocabulary' if not size else f'a {size}-token draft vocabulary'}",
                 flush=True,
             )
-            by_vocab[size] = evaluate(args, heads_dir, calib, eval_items, budgets, size)
+            by_vocab[size] = evaluate(args, heads_dir, calib, eval_by_domain, budgets, size)
         best_size = max(by_vocab, key=lambda n: by_vocab[n]["speedup"] or 0.0)
         row = dict(by_vocab[best_size])
         row.update(
@@ -194,6 +207,7 @@ def main() -> None:
                         "tokens_per_s",
                         "plain_tokens_per_s",
                         "speedup",
+                        "worst_domain_speedup",
                         "identical_to_plain",
                     )
                 }
@@ -268,54 +282,93 @@ def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
     return info
 
 
-def evaluate(args, heads_dir: Path, calib, eval_items, budgets, draft_vocab: int = 0) -> dict:
+def evaluate(args, heads_dir: Path, calib, eval_by_domain: dict, budgets, draft_vocab: int = 0) -> dict:
+    """Tune trees on the calibration cache, measure every tree on every domain (plain interleaved), keep
+    the tree with the best mean speedup over the domains, and time adaptive speculation with it."""
     from trtspec.runtime.generate import SpeculativeGenerator
-    from trtspec.train.tune_run import tune_on_cache
+    from trtspec.train.tune_run import measure_decode, tune_on_cache
 
     spec = load_spec_model(args.target, heads_dir, tree="chain:1", dtype="float32", draft_vocab=draft_vocab)
     gen = SpeculativeGenerator(spec, dtype=getattr(torch, args.dtype))
+    eos = spec.target.arch.eos_token_id
     t0 = time.perf_counter()
-    rep = tune_on_cache(
-        gen,
-        calib,
-        eval_items,
-        budgets,
-        topk=8,
-        max_new_tokens=args.max_new_tokens,
-        speed=True,
-        echo=lambda s: print(s, flush=True),
-    )
-    best = rep["best"]
+    rep = tune_on_cache(gen, calib, [], budgets, topk=8, speed=False, echo=lambda s: print(s, flush=True))
+    trees = {r["nodes"]: tuple(tuple(c) for c in r["choices"]) for r in rep["budgets"]}
+    by_domain = {}
+    for domain, items in eval_by_domain.items():
+        by_domain[domain] = measure_decode(gen, items, trees, args.max_new_tokens, eos)
+        for n, row in by_domain[domain].items():
+            print(
+                f"  {domain:<6} {n:3d} nodes: acceptance length {row['measured']:.2f}, {row['speedup']:.2f}x plain",
+                flush=True,
+            )
+
+    def mean_speedup(n: int) -> float:
+        return sum(by_domain[d][n]["speedup"] or 0.0 for d in by_domain) / len(by_domain)
+
+    best_n = max(trees, key=mean_speedup)
+    best = next(r for r in rep["budgets"] if r["nodes"] == best_n)
+    domains = {}
+    for domain, items in eval_by_domain.items():
+        row = dict(by_domain[domain][best_n])
+        row["adaptive_speedup"] = adaptive_speedup(gen, items, trees[best_n], args.max_new_tokens, eos)
+        domains[domain] = row
+    rows = list(domains.values())
     return {
-        "best_nodes": best["nodes"],
+        "best_nodes": best_n,
         "choices": best["choices_json"],
         "expected_acceptance": best["expected"],
-        "mean_acceptance_length": best["measured"],
-        "per_position_acceptance": best["per_position"],
-        "tokens_per_s": best["tokens_per_s"],
-        "plain_tokens_per_s": best["plain_tokens_per_s"],
-        "speedup": best["speedup"],
-        "identical_to_plain": best["identical_to_plain"],
+        "mean_acceptance_length": sum(r["measured"] for r in rows) / len(rows),
+        "per_position_acceptance": [sum(x) / len(rows) for x in zip(*(r["per_position"] for r in rows))],
+        "tokens_per_s": sum(r["tokens_per_s"] for r in rows) / len(rows),
+        "plain_tokens_per_s": sum(r["plain_tokens_per_s"] for r in rows) / len(rows),
+        "speedup": mean_speedup(best_n),
+        "worst_domain_speedup": min(r["speedup"] for r in rows),
+        "identical_to_plain": all(r["identical_to_plain"] for r in rows),
+        "domains": domains,
         "per_depth_topk": rep["per_depth_topk"],
-        "budgets": rep["budgets"],
         "eval_s": time.perf_counter() - t0,
     }
 
 
+def adaptive_speedup(gen, items, choices, max_new_tokens: int, eos) -> float:
+    """Adaptive speculation with the tuned tree against plain decoding, interleaved per prompt; asserts the
+    text is unchanged (adaptive only chooses which drafts are verified)."""
+    from trtspec.runtime.generate import GenerationConfig
+    from trtspec.tree import build_tree
+
+    tree = build_tree(choices)
+    plain = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos, speculative=False)
+    adaptive = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=eos, adaptive=True)
+    walls = {"plain": 0.0, "adaptive": 0.0}
+    tokens = {"plain": 0, "adaptive": 0}
+    for p in items:
+        ref = gen.generate([p], plain)
+        got = gen.generate([p], adaptive, tree=tree)
+        if got.tokens != ref.tokens:
+            raise SystemExit("adaptive speculation changed the output: a runtime bug")
+        for name, r in (("plain", ref), ("adaptive", got)):
+            walls[name] += r.metrics.wall_s
+            tokens[name] += r.metrics.new_tokens
+    return (tokens["adaptive"] / walls["adaptive"]) / (tokens["plain"] / walls["plain"])
+
+
 def print_table(results: dict) -> None:
+    """The domain x kind matrix: one line per run and domain."""
     print()
     print(
-        f"{'run':<20} {'loss':>7} {'vocab':>6} {'nodes':>5} {'E[AL]':>6} {'AL':>6} {'per-position acceptance':<26} "
-        f"{'spec t/s':>8} {'plain t/s':>9} {'speedup':>7} {'same':>5}"
+        f"{'run':<20} {'domain':<6} {'loss':>7} {'vocab':>6} {'nodes':>5} {'AL':>6} {'per-position acceptance':<26} "
+        f"{'spec t/s':>8} {'plain t/s':>9} {'fixed':>6} {'adaptive':>8} {'same':>5}"
     )
     for name, r in results["runs"].items():
-        pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"])
         vocab = r.get("draft_vocab") or "full"
-        print(
-            f"{name:<20} {r['training']['final_loss']:>7.3f} {vocab:>6} {r['best_nodes']:>5} {r['expected_acceptance']:>6.2f} "
-            f"{r['mean_acceptance_length']:>6.2f} {pp:<26} {r['tokens_per_s']:>8.1f} {r['plain_tokens_per_s']:>9.1f} "
-            f"{r['speedup']:>6.2f}x {str(r['identical_to_plain']):>5}"
-        )
+        for domain, d in r.get("domains", {}).items():
+            pp = " ".join(f"{x:.2f}" for x in d["per_position"])
+            print(
+                f"{name:<20} {domain:<6} {r['training']['final_loss']:>7.3f} {vocab:>6} {r['best_nodes']:>5} "
+                f"{d['measured']:>6.2f} {pp:<26} {d['tokens_per_s']:>8.1f} {d['plain_tokens_per_s']:>9.1f} "
+                f"{d['speedup']:>5.2f}x {d['adaptive_speedup']:>7.2f}x {str(d['identical_to_plain']):>5}"
+            )
     print(flush=True)
 
 
