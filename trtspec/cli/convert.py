@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from trtspec.cli.options import dtype_option, heads_options, parallel_options, target_option, tree_option
+from trtspec.errors import UsageError
 
 
 def _load(target, heads, heads_format, tree, dtype, tp, pp, allow_pickle):
@@ -125,6 +126,27 @@ def convert_cmd(
     is_flag=True,
     help="Without TensorRT-LLM + GPU: stop after checkpoint, plan and build_engines.sh (exit 0).",
 )
+@click.option(
+    "--backend",
+    type=click.Choice(["engine", "pytorch"]),
+    default="engine",
+    show_default=True,
+    help="engine: TensorRT-LLM 1.2.x engines (trtllm-build, plugins, the tensorrtllm Triton backend). pytorch: "
+    "TensorRT-LLM's PyTorch backend: the draft in the layout its loader reads, a trtllm-serve options YAML "
+    "with the speculative_config, a Triton llmapi repository and launch.sh (no GPU needed to write them).",
+)
+@click.option(
+    "--draft-len-schedule",
+    default=None,
+    help="--backend pytorch: draft length by batch size, 'BATCH:LEN,...' (e.g. '1:4,8:2,32:0'); batch 1 must "
+    "map to max_draft_len.",
+)
+@click.option(
+    "--max-concurrency",
+    type=int,
+    default=None,
+    help="--backend pytorch: no speculation above this many requests in a batch.",
+)
 def build_cmd(
     target,
     heads,
@@ -150,13 +172,41 @@ def build_cmd(
     runtime,
     decoupled,
     allow_no_gpu,
+    backend,
+    draft_len_schedule,
+    max_concurrency,
 ):
     """Whole pipeline: validate -> convert -> plugin library -> engines -> Triton repository -> manifest.
 
     Options on the command line override the --config preset. With TensorRT-LLM 1.2.x and a GPU the
     engines are built here through TensorRT-LLM's build API; otherwise pass --allow-no-gpu to get the
     checkpoint, plan.json and build_engines.sh that runs exactly this build on a GPU machine.
+    --backend pytorch instead writes a deployment for TensorRT-LLM's PyTorch backend (trtllm-serve,
+    LLM API, Triton llmapi); each drafter kind says whether it has one.
     """
+    if backend == "pytorch":
+        from trtspec.deploy.pytorch_backend import parse_schedule, write_pytorch_deployment
+
+        spec = _load(target, heads, heads_format, tree, dtype, tp_size, pp_size, allow_pickle)
+        result = write_pytorch_deployment(
+            spec,
+            out,
+            max_draft_len=max_draft_len,
+            draft_len_schedule=parse_schedule(draft_len_schedule),
+            max_concurrency=max_concurrency,
+            max_batch_size=max_batch_size or 64,
+            decoupled=decoupled if decoupled is not None else True,
+            overwrite=overwrite,
+            argv=["trtspec", *sys.argv[1:]],
+        )
+        for note in result.notes:
+            click.echo(f"note: {note}")
+        click.echo(result.message)
+        return
+    if draft_len_schedule or max_concurrency:
+        raise UsageError(
+            "--draft-len-schedule and --max-concurrency are PyTorch-backend options: add --backend pytorch"
+        )
     from trtspec.convert.core import plan_conversion, planned_totals
     from trtspec.convert.progress import ConvertProgress, summary_table
     from trtspec.engine import presets

@@ -85,6 +85,24 @@ class EngineRoute:
 
 
 @dataclass(frozen=True)
+class PyTorchRoute:
+    """How a kind deploys on TensorRT-LLM's PyTorch backend (LLM API / trtllm-serve ``speculative_config``).
+
+    ``decoding_type`` is the discriminator of the backend's speculative config union; ``draft_format`` the
+    public layout its draft loader reads (the heads are copied when they are already in it, exported
+    otherwise; None = the target itself drafts, no draft directory). ``refusal`` says why there is no route.
+    """
+
+    decoding_type: str | None = None
+    draft_format: str | None = None
+    refusal: str | None = None
+
+    @property
+    def supported(self) -> bool:
+        return self.decoding_type is not None
+
+
+@dataclass(frozen=True)
 class TrainingRecipe:
     """How train-heads trains a kind by self-distillation on the target's own outputs.
 
@@ -119,6 +137,8 @@ class DrafterKind:
     #: write a small instance of this kind for the target (random or truncated weights), for the demo and tests
     make_demo: Callable[[TargetSpec, Path, int], Path]
     engine: EngineRoute = field(default_factory=EngineRoute)
+    #: how it deploys on TensorRT-LLM's PyTorch backend (``trtspec build --backend pytorch``)
+    pytorch: PyTorchRoute = field(default_factory=PyTorchRoute)
     training: TrainingRecipe | None = None
     #: public layouts ``load`` reads and ``make_demo``/``training.save`` write
     formats: tuple[str, ...] = ()

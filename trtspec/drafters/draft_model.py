@@ -13,7 +13,7 @@ from torch import nn
 
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.checkpoint.truncate import write_truncated_draft
-from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute
+from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, PyTorchRoute
 from trtspec.drafters.proposers import RecurrentDrafter, restrict_rows
 from trtspec.errors import CheckpointError
 from trtspec.models.llama import build_llama
@@ -65,5 +65,7 @@ KIND = DrafterKind(
     build=build,
     make_demo=lambda target, out: write_truncated_draft(target, 2, out),
     engine=EngineRoute(layout="draft_tokens_external", mode="draft_tokens_external", draft_len="depth"),
+    # the PyTorch backend's DraftTargetDecodingConfig: decoding_type literal "Draft_Target" (llm_args.py)
+    pytorch=PyTorchRoute(decoding_type="Draft_Target", draft_format="hf"),
     formats=("hf",),
 )

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from trtspec.checkpoint.heads.common import check_hidden, check_vocab, expect_shape, open_weights, single_dtype
-from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, TrainingRecipe
+from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, PyTorchRoute, TrainingRecipe
 from trtspec.drafters.eagle_layout import WEIGHT_FILES, eagle_config, layer_shapes, read_arch, save_layout
 from trtspec.drafters.proposers import build_pair_drafter
 from trtspec.drafters.weights import demo_init, module_state
@@ -94,5 +94,12 @@ KIND = DrafterKind(
     ),
     engine=EngineRoute(layout="EagleForCausalLM", mode="eagle", triton_decoding_mode="eagle"),
     training=TrainingRecipe("recurrent", new_module, save, feature_regression=True),
+    pytorch=PyTorchRoute(
+        refusal=(
+            "TensorRT-LLM's PyTorch backend runs an Eagle speculative config as Eagle3, and EAGLE-1/2 checkpoints "
+            "are incompatible with its EAGLE-3 draft model; deploy EAGLE-1/2 heads as an engine (--backend engine, "
+            "TensorRT-LLM 1.2.1 'eagle' mode) or train eagle3 heads"
+        )
+    ),
     formats=("eagle",),
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from trtspec.checkpoint.heads.common import expect_shape, open_weights, single_dtype
-from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute
+from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, PyTorchRoute
 from trtspec.drafters.eagle_layout import WEIGHT_FILES, eagle_config, layer_shapes, read_arch, save_layout
 from trtspec.drafters.proposers import build_pair_drafter
 from trtspec.drafters.weights import demo_init, module_state
@@ -134,6 +134,7 @@ KIND = DrafterKind(
             "(trtspec serve), or use EAGLE-1/2, Medusa or mtp heads for an engine build"
         )
     ),
+    pytorch=PyTorchRoute(decoding_type="Eagle3", draft_format="eagle3"),
     formats=("eagle3",),
     own_draft_vocab=True,
 )

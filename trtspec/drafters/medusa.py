@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from trtspec.checkpoint.heads.common import check_hidden, check_vocab, expect_shape, open_weights, single_dtype
-from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, TrainingRecipe
+from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, PyTorchRoute, TrainingRecipe
 from trtspec.drafters.proposers import build_heads_drafter
 from trtspec.drafters.weights import demo_init
 from trtspec.errors import CheckpointError
@@ -157,6 +157,12 @@ KIND = DrafterKind(
     make_demo=make_demo,
     engine=EngineRoute(layout="MedusaForCausalLM", mode="medusa", triton_decoding_mode="medusa"),
     training=TrainingRecipe("heads", new_module, save, uses_num_heads=True),
+    pytorch=PyTorchRoute(
+        refusal=(
+            "TensorRT-LLM's PyTorch backend has no Medusa speculative config (MedusaDecodingConfig is for the "
+            "TensorRT engine path only); deploy Medusa heads as an engine (--backend engine)"
+        )
+    ),
     formats=("medusa",),
     export_formats=("onnx",),
     max_tree_depth=lambda spec: spec.num_heads,

@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trtspec.drafters.base import DrafterKind, EngineRoute, TrainingRecipe
+from trtspec.drafters.base import DrafterKind, EngineRoute, PyTorchRoute, TrainingRecipe
 from trtspec.drafters.proposers import build_heads_drafter
-from trtspec.drafters.trtspec_heads import declared_kind, load_trtspec_heads, save_trtspec_heads
+from trtspec.drafters.trtspec_heads import NO_GENERIC_MTP, declared_kind, load_trtspec_heads, save_trtspec_heads
 from trtspec.drafters.weights import demo_init, module_state
 from trtspec.models.heads import LinearHeads
 from trtspec.spec import DrafterSpec, TargetSpec
@@ -85,6 +85,7 @@ KIND = DrafterKind(
     make_demo=make_demo,
     engine=EngineRoute(layout="MedusaForCausalLM+RmsNormHeads", mode="medusa", triton_decoding_mode="medusa"),
     training=TrainingRecipe("heads", new_module, save, uses_rmsnorm_switch=True, uses_num_heads=True),
+    pytorch=PyTorchRoute(refusal=NO_GENERIC_MTP),
     formats=("trtspec-heads",),
     export_formats=("onnx",),
     max_tree_depth=lambda spec: spec.num_heads,

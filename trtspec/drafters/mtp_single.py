@@ -13,9 +13,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from trtspec.drafters.base import DrafterKind, EngineRoute, TrainingRecipe
+from trtspec.drafters.base import DrafterKind, EngineRoute, PyTorchRoute, TrainingRecipe
 from trtspec.drafters.proposers import build_pair_drafter
-from trtspec.drafters.trtspec_heads import declared_kind, load_trtspec_heads, save_trtspec_heads
+from trtspec.drafters.trtspec_heads import NO_GENERIC_MTP, declared_kind, load_trtspec_heads, save_trtspec_heads
 from trtspec.drafters.weights import demo_init, module_state
 from trtspec.models.heads import MtpSingleHead, layer_arch
 from trtspec.spec import DrafterSpec, LlamaArch, TargetSpec
@@ -106,5 +106,6 @@ KIND = DrafterKind(
     ),
     engine=EngineRoute(layout="EagleForCausalLM+MtpNorms", mode="eagle", triton_decoding_mode="eagle"),
     training=TrainingRecipe("recurrent", new_module, save, uses_rmsnorm_switch=True),
+    pytorch=PyTorchRoute(refusal=NO_GENERIC_MTP),
     formats=("trtspec-heads",),
 )

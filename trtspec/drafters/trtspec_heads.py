@@ -24,6 +24,13 @@ from trtspec.fsutil import atomic_directory
 from trtspec.spec import DrafterSpec, LlamaArch, TargetSpec
 
 META_FILE = "trtspec_heads.json"
+#: why MTP heads trained by trtspec have no TensorRT-LLM PyTorch-backend route (llm_args.py MTPDecodingConfig,
+#: modeling_speculative.MTPForCausalLM: MTP runs only the MTP layers inside a supported target's checkpoint)
+NO_GENERIC_MTP = (
+    "TensorRT-LLM's PyTorch backend runs MTP only from the MTP layers inside supported targets (DeepSeek-V3, "
+    "Qwen3-Next, GLM-4 MoE, ...): it has no generic MTP heads for other targets; deploy these heads as an engine "
+    "(--backend engine) or with trtspec's reference runtime"
+)
 WEIGHTS_FILE = "heads.safetensors"
 log = logging.getLogger("trtspec")
 
