@@ -5,6 +5,8 @@ Alignment (the runtime's, see trtspec/drafters/proposers.py), with a_q the targe
   * eagle / mtp-single: step s on (feature, x_{q+s+1}) at position q+s is trained towards a_{q+s+1};
     step 0's feature is h_q, later steps feed the drafter's own output (``unroll`` steps, as at depth > 1).
     EAGLE also regresses its output onto h_{q+s+1} (smooth L1), the feature it stands in for.
+  * block drafters: at a random anchor p, block position j (of [x_p, mask...]) is trained towards
+    a_{p+j-1}, the context being the target's aux-layer states before p (trtspec/train/block.py).
 
 Determinism: the batch of step t is a pure function of (seed, t), so a resumed run replays exactly the
 batches an uninterrupted run would see. Checkpoints (head, optimiser, step) are written atomically every
@@ -29,6 +31,8 @@ from torch import nn
 from trtspec.dtypes import resolve_dtype
 from trtspec.errors import UsageError
 from trtspec.spec import TargetSpec
+from trtspec.train.block import BlockLoss, block_batch
+from trtspec.train.block import per_batch as block_per_batch
 from trtspec.train.cache import HiddenCache
 from trtspec.train.heads import make_module, recipe
 from trtspec.train.losses import sparse_ce, targets
@@ -378,13 +382,23 @@ def train(
     module = make_module(cfg.kind, target, cfg.num_heads, cfg.rmsnorm, cfg.seed)
     kind_recipe = recipe(cfg.kind)
     linear = kind_recipe.style == "heads"
+    block = kind_recipe.style == "block"  # a block drafter: many anchors per window, context from aux layers
     want_topk = cfg.soft_weight > 0
+    if want_topk and block:
+        raise UsageError("--soft-weight is not used by block drafters; train them with --soft-weight 0")
     if want_topk and not cache.has_topk:
         raise UsageError("--soft-weight needs a cache built with --topk > 0")
     if linear:
         pos = _Positions(cache, cfg.train_on == "generated")
         universe = len(pos)
         per_batch = cfg.batch_tokens
+    elif block:
+        from trtspec.train.aux_cache import aux_features
+
+        aux = aux_features(cache, target, module.aux_layers, progress=progress and rank == 0)
+        wins = windows(cache, cfg.window)
+        universe = len(wins)
+        per_batch = block_per_batch(cfg.batch_tokens, module.block_size)
     else:
         wins = windows(cache, cfg.window)
         universe = len(wins)
@@ -394,7 +408,11 @@ def train(
     steps_per_epoch = max(1, universe // per_batch)
     total = cfg.steps if cfg.steps is not None else max(1, int(round(cfg.epochs * steps_per_epoch)))
     wrapper: nn.Module = (
-        LinearLoss(module, lm, cfg) if linear else RecurrentLoss(module, embed, lm, cfg, kind_recipe.feature_regression)
+        LinearLoss(module, lm, cfg)
+        if linear
+        else BlockLoss(module, embed, lm, cfg.step_decay)
+        if block
+        else RecurrentLoss(module, embed, lm, cfg, kind_recipe.feature_regression)
     )
     wrapper = wrapper.to(device)
     params = [p for p in wrapper.parameters() if p.requires_grad]
@@ -452,7 +470,7 @@ def train(
         dynamic_ncols=True,
     )
     t0, seen = time.perf_counter(), 0
-    n_sub = cfg.num_heads if linear else cfg.unroll
+    n_sub = cfg.num_heads if linear else module.block_size - 1 if block else cfg.unroll
     sums = torch.zeros(n_sub)
     cnts = torch.zeros(n_sub)
     completed = start
@@ -465,6 +483,18 @@ def train(
             ids = _slice(ids, rank, world)
             if linear:
                 batch = linear_batch(cache, pos, ids, cfg.num_heads, want_topk)
+            elif block:
+                batch = block_batch(
+                    cache,
+                    aux,
+                    wins,
+                    ids,
+                    module.block_size,
+                    module.mask_token_id,
+                    cfg.seed,
+                    step,
+                    cfg.train_on == "generated",
+                )
             else:
                 batch = recurrent_batch(cache, wins, ids, cfg.unroll, want_topk, cfg.train_on == "generated")
             if remap is not None:

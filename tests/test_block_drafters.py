@@ -1,0 +1,148 @@
+"""Block drafters (DFlash layout): the runtime's incremental context equals the trainer's one-shot forward,
+layer-output ids map to the right target states, the public config is validated with clear errors, and
+bfloat16 (packed) decoding stays token-identical to plain greedy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtspec.checkpoint.target import load_hf_causal_lm
+from trtspec.demo.tiny import make_tiny_llama
+from trtspec.drafters import registry
+from trtspec.drafters.block_layout import default_layer_ids, mask_token
+from trtspec.errors import CheckpointError, UsageError
+from trtspec.load import load_spec_model
+from trtspec.models.heads import project
+from trtspec.models.llama import build_llama, causal_mask
+from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
+from trtspec.train.block import block_mask
+
+KIND = "dflash"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("block")
+    tdir = make_tiny_llama(root / "target", seed=2, num_hidden_layers=6)
+    target = load_hf_causal_lm(tdir)
+    heads = registry.get(KIND).make_demo(target, root / KIND)
+    return {"root": root, "target_dir": tdir, "target": target, "heads": heads}
+
+
+def _with_config(src: Path, dst: Path, edit) -> Path:
+    """A copy of a drafter directory whose config.json went through ``edit``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((src / "config.json").read_text())
+    edit(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    (dst / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
+    return dst
+
+
+def test_runtime_context_cache_matches_the_training_forward(tiny):
+    """Observing a sequence in two chunks and proposing at anchor p gives the logits the trainer computes
+    for the same anchor from the whole sequence under its block-sparse mask (with a later anchor in the
+    same forward that must not leak into the first)."""
+    spec = load_spec_model(tiny["target_dir"], tiny["heads"])
+    gen = SpeculativeGenerator(spec)
+    drafter, model = gen.drafter, gen.target
+    m = drafter.module
+    B = m.block_size
+    toks = torch.tensor([[7, 3, 19, 44, 5, 61, 2, 8, 30, 12, 9, 77, 40, 41, 3, 6]])
+    T = toks.shape[1]
+    with torch.no_grad():
+        _, aux = model(toks, torch.arange(T)[None], model.new_cache(1, T), causal_mask(T), drafter.aux_layers)
+    feats = torch.cat(aux, -1)
+    p, q = 9, 13  # two anchors
+    drafter.reset(1, 64)
+    drafter.observe(None, [feats[0, :4]], [toks[0, :4]], [toks[0, 1:5]])
+    drafter.observe(None, [feats[0, 4:p]], [toks[0, 4:p]], [toks[0, 5 : p + 1]])
+    runtime = drafter.block_logits(toks[0, p : p + 1])
+    anchor = torch.tensor([[p, q]])
+    ids = torch.full((1, 2 * B), m.mask_token_id)
+    ids[0, 0], ids[0, B] = toks[0, p], toks[0, q]
+    pos = anchor.repeat_interleave(B, 1) + torch.arange(B).repeat(2)[None]
+    ctx_pos = torch.arange(T)[None]
+    with torch.no_grad():
+        prefix = m.context_kv(feats, ctx_pos)
+        h = m.blocks(
+            model.embed_tokens(ids), pos, prefix, block_mask(anchor, ctx_pos, torch.ones(1, T, dtype=torch.bool), B)
+        )
+    trained = project(h[:, 1:B], model.lm_head.weight).float()
+    assert torch.allclose(runtime, trained, atol=1e-4), (runtime - trained).abs().max()
+    assert not torch.allclose(runtime, project(h[:, B + 1 :], model.lm_head.weight).float(), atol=1e-2)
+
+
+def test_layer_output_ids_read_the_right_target_states(tiny):
+    """target_layer_ids count layer outputs: id i is the residual stream entering layer i+1, and the last
+    layer's id (L-1) is its output before the final norm."""
+    target = tiny["target"]
+    L = target.arch.num_hidden_layers
+    model = build_llama(target.arch, target.tensors)
+    toks = torch.tensor([[4, 9, 1, 33, 7]])
+    with torch.no_grad():
+        final, aux = model(toks, torch.arange(5)[None], model.new_cache(1, 5), causal_mask(5), (L, 0, 3))
+    assert torch.allclose(model.norm(aux[0]), final)
+    assert torch.equal(aux[1], model.embed_tokens(toks))
+    out = _with_config(
+        tiny["heads"], tiny["root"] / "last-layer", lambda c: c["dflash_config"].update(target_layer_ids=[-1, 2, L - 1])
+    )
+    spec = load_spec_model(tiny["target_dir"], out)
+    assert registry.get(KIND).build(spec.drafter, model, torch.float32).aux_layers == (0, 3, L)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c["dflash_config"].pop("mask_token_id"), "lacks mask_token_id"),
+        (lambda c: c.update(num_target_layers=99), "num_target_layers 99"),
+        (lambda c: c["dflash_config"].update(target_layer_ids=[1, 40]), "outside -1..5"),
+        (lambda c: c.update(block_size=1), "block_size 1"),
+        (lambda c: c["dflash_config"].update(mask_token_id=10**6), "mask_token_id 1000000"),
+    ],
+)
+def test_bad_configs_name_the_file_and_the_problem(tiny, edit, message):
+    out = _with_config(tiny["heads"], tiny["root"] / f"bad-{message.split()[0]}", edit)
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_spec_model(tiny["target_dir"], out)
+    assert "config.json" in str(err.value)
+
+
+def test_fields_inside_the_section_and_the_default_chain_tree(tiny):
+    """Qwen3.5-era configs keep block_size inside dflash_config; the default tree is the B-1 chain and a
+    deeper tree is refused."""
+
+    def move(c):
+        c["dflash_config"]["block_size"] = c.pop("block_size")
+
+    out = _with_config(tiny["heads"], tiny["root"] / "sectioned", move)
+    spec = load_spec_model(tiny["target_dir"], out)
+    B = spec.drafter.config["block_size"]
+    assert spec.tree.choices == tuple((0,) * d for d in range(1, B))
+    with pytest.raises(UsageError, match="exceeds"):
+        load_spec_model(tiny["target_dir"], out, tree=f"chain:{B}")
+
+
+def test_bfloat16_packed_decoding_is_token_identical(tiny):
+    spec = load_spec_model(tiny["target_dir"], tiny["heads"], tree="[[0],[1],[0,0],[0,0,0]]")
+    gen = SpeculativeGenerator(spec, dtype=torch.bfloat16)
+    prompts = [[5, 9, 17, 3], [60, 61, 62, 63, 64, 65, 66]]
+    plain = gen.generate(prompts, GenerationConfig(max_new_tokens=16, speculative=False))
+    spec_run = gen.generate(prompts, GenerationConfig(max_new_tokens=16))
+    assert spec_run.tokens == plain.tokens
+
+
+def test_layer_ids_follow_the_public_spacing_rule():
+    assert default_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # the Qwen3-8B drafts' ids
+    assert default_layer_ids(30, 1) == [15]
+    assert default_layer_ids(4, 3) == [2]
+
+
+def test_smollm2_mask_token_is_an_unused_special_token(smollm2):
+    """SmolLM2 has no spare vocabulary row: the mask is its highest special token that the chat template
+    and bos/eos/pad/unk never use."""
+    assert mask_token(load_hf_causal_lm(smollm2)) == (16, "<empty_output>")
