@@ -146,3 +146,59 @@ def test_smollm2_mask_token_is_an_unused_special_token(smollm2):
     """SmolLM2 has no spare vocabulary row: the mask is its highest special token that the chat template
     and bos/eos/pad/unk never use."""
     assert mask_token(load_hf_causal_lm(smollm2)) == (16, "<empty_output>")
+
+
+@pytest.fixture(scope="module")
+def spark(tiny) -> Path:
+    return registry.get("dspark").make_demo(tiny["target"], tiny["root"] / "dspark")
+
+
+def test_markov_bias_follows_each_parent(tiny, spark):
+    """Depth-2 nodes under different parents take the top-1 of (block logits + Markov bias of their own
+    parent), so the block is semi-autoregressive."""
+    spec = load_spec_model(tiny["target_dir"], spark, tree="[[0],[1],[0,0],[1,0]]")
+    gen = SpeculativeGenerator(spec)
+    d = gen.drafter
+    prompt = torch.tensor([5, 9, 17, 3, 44])
+    with torch.no_grad():
+        _, aux = gen.target(
+            prompt[None], torch.arange(5)[None], gen.target.new_cache(1, 5), causal_mask(5), d.aux_layers
+        )
+        d.reset(1, 32)
+        d.observe(None, [torch.cat(aux, -1)[0]], [prompt], [prompt])
+        root = torch.tensor([7])
+        tokens = d.propose(gen.tree, root)
+        logits = d.block_logits(root)
+        head = d.module.markov_head
+        first = (logits[0, 0] + head(root)[0]).topk(2).indices
+        assert tokens[0, 1:3].tolist() == first.tolist()
+        for node, parent in ((3, 1), (4, 2)):
+            expect = (logits[0, 1] + head(tokens[0, parent : parent + 1])[0]).argmax()
+            assert int(tokens[0, node]) == int(expect)
+
+
+@pytest.mark.parametrize(("min_survival", "depth"), [(0.0, 3), (0.999, 1)])
+def test_confidence_schedules_how_deep_to_verify(tiny, spark, min_survival, depth):
+    """The loop verifies only as deep as the predicted survival allows (all of the chain at threshold 0,
+    one draft when no request's chain is that sure), and the output stays plain greedy's."""
+    out = _with_config(
+        spark, tiny["root"] / f"spark-{min_survival}", lambda c: c.update(trtspec_min_survival=min_survival)
+    )
+    spec = load_spec_model(tiny["target_dir"], out)
+    assert spec.tree.depth == 3
+    gen = SpeculativeGenerator(spec)
+    prompts = [[5, 9, 17, 3], [60, 61, 62, 63, 64, 65, 66]]
+    plain = gen.generate(prompts, GenerationConfig(max_new_tokens=12, speculative=False))
+    run = gen.generate(prompts, GenerationConfig(max_new_tokens=12))
+    assert run.tokens == plain.tokens
+    assert run.metrics.draft_tokens == run.metrics.sequence_steps * depth
+
+
+def test_each_request_asks_its_own_depth_and_the_batch_verifies_the_deepest(tiny, spark):
+    gen = SpeculativeGenerator(load_spec_model(tiny["target_dir"], spark))
+    d = gen.drafter
+    d.min_survival = 0.5
+    d.survival = torch.tensor([[0.9, 0.6, 0.2], [0.4, 0.1, 0.05]])  # request 0: depth 2, request 1: none
+    assert d.verify_depth(gen.tree) == 2
+    d.survival = torch.tensor([[0.3, 0.1, 0.0], [0.4, 0.1, 0.05]])
+    assert d.verify_depth(gen.tree) == 1  # always at least one draft

@@ -21,6 +21,7 @@ _MODULES = (
     "trtspec.drafters.mtp_single",
     "trtspec.drafters.medusa",
     "trtspec.drafters.eagle3",
+    "trtspec.drafters.dspark",
     "trtspec.drafters.dflash",
     "trtspec.drafters.eagle",
     "trtspec.drafters.draft_model",

@@ -90,7 +90,13 @@ class BlockLayer(nn.Module):
 class BlockDraftModel(nn.Module):
     """``layers.*``, ``norm``, ``fc`` [H, n*H_t], ``hidden_norm`` (see the module doc). ``block_size``,
     ``mask_token_id`` and ``aux_layers`` (the target layers whose *input* residual stream is the context,
-    in trtspec's capture convention) travel with the module, not in its state."""
+    in trtspec's capture convention) travel with the module, not in its state.
+
+    ``draft_offset`` says which block outputs draft: 0 = block position j predicts the token *at* p+j
+    (j = 1 .. B-1: B-1 drafts, the anchor's output unused); 1 = position j predicts the token at p+j+1
+    (j = 0 .. B-1: B drafts, next-token style). Either way draft i (0-based) is the token at p+i+1."""
+
+    draft_offset = 0
 
     def __init__(
         self, arch: LlamaArch, target_hidden: int, aux_layers: tuple[int, ...], block_size: int, mask_token_id: int
@@ -104,6 +110,14 @@ class BlockDraftModel(nn.Module):
         self.fc = nn.Linear(len(self.aux_layers) * target_hidden, H, bias=False)
         self.hidden_norm = RMSNorm(H, arch.rms_norm_eps)
         self.rotary = Rotary(arch)
+
+    @property
+    def num_drafts(self) -> int:
+        return self.block_size - 1 + self.draft_offset
+
+    def draft_states(self, h: torch.Tensor) -> torch.Tensor:
+        """The block outputs [..., B, H] that draft, in draft order [..., num_drafts, H]."""
+        return h[..., 1 - self.draft_offset :, :]
 
     def context_kv(self, aux: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer, the context's keys and values [B, T, n_kv, d] from the target's concatenated
@@ -126,6 +140,69 @@ class BlockDraftModel(nn.Module):
         for layer, kv in zip(self.layers, prefix):
             h = layer(h, cos, sin, kv, mask)
         return self.norm(h)
+
+
+class MarkovHead(nn.Module):
+    """A low-rank bigram logit bias ``markov_w2(markov_w1[prev])``: added to the logits of draft i with
+    prev = the token before it (the anchor for draft 0), so a block drafted in one forward still depends
+    on its own earlier tokens (applied sequentially when drafting)."""
+
+    def __init__(self, vocab: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab, rank)
+        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+
+    def prev_embeddings(self, prev: torch.Tensor) -> torch.Tensor:
+        return self.markov_w1(prev)
+
+    def forward(self, prev: torch.Tensor) -> torch.Tensor:
+        return self.markov_w2(self.markov_w1(prev))
+
+
+class ConfidenceHead(nn.Module):
+    """``proj``: one logit per draft, sigmoid = the chance the target accepts it given its prefix was."""
+
+    def __init__(self, in_dim: int):
+        super().__init__()
+        self.proj = nn.Linear(in_dim, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.proj(features).squeeze(-1).float()
+
+
+class MarkovBlockDraftModel(BlockDraftModel):
+    """The block backbone with next-token drafts (``draft_offset`` 1), a Markov head (``markov_head.*``;
+    rank 0 = none) and a confidence head (``confidence_head.proj``, input = draft state, plus the Markov
+    embedding of prev when ``confidence_with_markov``)."""
+
+    draft_offset = 1
+
+    def __init__(
+        self,
+        arch: LlamaArch,
+        target_hidden: int,
+        aux_layers: tuple[int, ...],
+        block_size: int,
+        mask_token_id: int,
+        vocab_size: int,
+        markov_rank: int,
+        confidence: bool = True,
+        confidence_with_markov: bool = True,
+    ):
+        super().__init__(arch, target_hidden, aux_layers, block_size, mask_token_id)
+        self.markov_head = MarkovHead(vocab_size, markov_rank) if markov_rank > 0 else None
+        self.confidence_with_markov = bool(confidence and confidence_with_markov and markov_rank > 0)
+        width = arch.hidden_size + (markov_rank if self.confidence_with_markov else 0)
+        self.confidence_head = ConfidenceHead(width) if confidence else None
+
+    def confidence(self, states: torch.Tensor, prev: torch.Tensor) -> torch.Tensor | None:
+        """Per-draft acceptance logits [...] from draft states [..., H] and their prev tokens [...]."""
+        if self.confidence_head is None:
+            return None
+        if self.confidence_with_markov:
+            emb = self.markov_head.prev_embeddings(prev).to(states.dtype)
+            states = torch.cat([states, emb], -1)
+        return self.confidence_head(states)
 
 
 class ContextCache:

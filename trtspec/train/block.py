@@ -22,6 +22,8 @@ from trtspec.train.losses import sparse_ce, targets
 
 #: anchors drawn per sequence window and step (fewer when the window has fewer)
 ANCHORS = 16
+#: weight of the confidence head's loss against the drafts' cross-entropy
+CONFIDENCE_WEIGHT = 0.2
 
 
 def per_batch(batch_tokens: int, block_size: int) -> int:
@@ -35,6 +37,7 @@ def block_batch(
     wins: list[tuple[int, int, int]],
     ids: np.ndarray,
     block_size: int,
+    num_drafts: int,
     mask_token_id: int,
     seed: int,
     step: int,
@@ -45,14 +48,15 @@ def block_batch(
     a context (p > window start) and, with ``generated_only``, lies in the target's reply."""
     sel = [wins[int(i)] for i in ids]
     S, T = len(sel), max(w[2] for w in sel)
-    B, A = block_size, ANCHORS
+    B, A, D = block_size, ANCHORS, num_drafts
     width = aux[0].shape[1]
     ctx = np.zeros((S, T, width), dtype=np.float32)
     ctx_pos = np.zeros((S, T), dtype=np.int64)
     ctx_valid = np.zeros((S, T), dtype=bool)
     anchor = np.full((S, A), -1, dtype=np.int64)  # absolute position, -1 = no anchor
     tokens = np.full((S, A * B), mask_token_id, dtype=np.int64)
-    labels = np.full((S, A, B - 1), -1, dtype=np.int64)
+    labels = np.full((S, A, D), -1, dtype=np.int64)  # draft i: the target's choice for position p+i+1
+    prev = np.zeros((S, A, D), dtype=np.int64)  # the token before draft i's position (x_{p+i})
     rng = np.random.default_rng([seed, step])
     for s, (qi, a, m) in enumerate(sel):
         shard_i, start, n = cache.sequences[qi]
@@ -68,8 +72,9 @@ def block_batch(
         for k, p in enumerate(picks):
             anchor[s, k] = p
             tokens[s, k * B] = seq["tokens"][p]
-            last = min(p + B - 1, n)  # label a_{p+j-1} for positions p+j, j = 1 .. B-1, within the sequence
+            last = min(p + D, n)  # a_{p+i} for positions p+i+1, i = 0 .. D-1, within the sequence
             labels[s, k, : last - p] = seq["argmax"][p:last]
+            prev[s, k, : last - p] = seq["tokens"][p:last]
     return {
         "ctx": torch.from_numpy(ctx),
         "ctx_pos": torch.from_numpy(ctx_pos),
@@ -77,6 +82,7 @@ def block_batch(
         "anchor": torch.from_numpy(anchor),
         "tokens": torch.from_numpy(tokens),
         "labels": torch.from_numpy(labels),
+        "prev": torch.from_numpy(prev),
     }
 
 
@@ -90,33 +96,68 @@ def block_mask(anchor: torch.Tensor, ctx_pos: torch.Tensor, ctx_valid: torch.Ten
 
 
 class BlockLoss(nn.Module):
-    """One forward = the whole step's loss (so DDP sees one graph); returns (loss, per-position CE sums,
-    per-position label counts) like the trainer's other losses."""
+    """One forward = the whole step's loss (so DDP sees one graph); returns (loss, per-draft CE sums,
+    per-draft label counts) like the trainer's other losses.
 
-    def __init__(self, module: nn.Module, embed: torch.Tensor, lm_head: torch.Tensor, step_decay: float):
+    A module with a Markov head (``markov_head``) adds its bias of the true previous token to each draft's
+    logits (teacher forcing, as DeepSpec trains it); one with a confidence head (``confidence``) also
+    learns, by binary cross-entropy weighted like the drafts, whether its draft's top-1 equals the
+    target's choice (greedy acceptance given the true prefix). ``label_ids``: the vocabulary rows of
+    ``lm_head`` when it is restricted (train-heads --label-vocab cache)."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        step_decay: float,
+        label_ids: torch.Tensor | None = None,
+        confidence_weight: float = CONFIDENCE_WEIGHT,
+    ):
         super().__init__()
-        self.module, self.step_decay = module, step_decay
+        self.module, self.step_decay, self.confidence_weight = module, step_decay, confidence_weight
         self.register_buffer("embed", embed, persistent=False)
         self.register_buffer("lm_head", lm_head, persistent=False)
+        self.label_ids = label_ids
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m = self.module
-        B = m.block_size
+        B, D = m.block_size, m.num_drafts
         anchor = batch["anchor"]
         S, A = anchor.shape
         prefix = m.context_kv(batch["ctx"], batch["ctx_pos"])
         pos = anchor.clamp_min(0).repeat_interleave(B, 1) + torch.arange(B, device=anchor.device).repeat(A)[None]
         mask = block_mask(anchor, batch["ctx_pos"], batch["ctx_valid"], B)
         h = m.blocks(F.embedding(batch["tokens"], self.embed), pos, prefix, mask)
-        z = h.view(S, A, B, -1)[:, :, 1:]  # [S, A, B-1, H]
+        z = m.draft_states(h.view(S, A, B, -1))  # [S, A, D, H]
+        markov = getattr(m, "markov_head", None)
         total = h.new_zeros(())
         losses, counts = [], []
-        for j in range(B - 1):
-            lab = batch["labels"][:, :, j].reshape(-1)
+        for i in range(D):
+            lab = batch["labels"][:, :, i].reshape(-1)
             valid = lab >= 0
-            idx, w = targets(lab, valid)
-            ce = sparse_ce(z[:, :, j].reshape(-1, z.shape[-1]), self.lm_head, idx, w)
-            total = total + (self.step_decay**j) * ce / valid.sum().clamp_min(1)
+            zi = z[:, :, i].reshape(-1, z.shape[-1])
+            prev = batch["prev"][:, :, i].reshape(-1)
+            weight = self.step_decay**i
+            if markov is None:
+                idx, w = targets(lab, valid)
+                ce = sparse_ce(zi, self.lm_head, idx, w)
+                logits = None
+            else:
+                bias = markov(prev)
+                if self.label_ids is not None:
+                    bias = bias[:, self.label_ids]
+                logits = F.linear(zi.to(self.lm_head.dtype), self.lm_head).float() + bias.float()
+                ce = (F.cross_entropy(logits, lab.clamp_min(0), reduction="none") * valid).sum()
+            n = valid.sum().clamp_min(1)
+            total = total + weight * ce / n
+            conf = m.confidence(zi, prev) if hasattr(m, "confidence") else None
+            if conf is not None:
+                if logits is None:
+                    logits = F.linear(zi.detach().to(self.lm_head.dtype), self.lm_head).float()
+                hit = (logits.detach().argmax(-1) == lab).float()
+                bce = F.binary_cross_entropy_with_logits(conf, hit, reduction="none")
+                total = total + self.confidence_weight * weight * (bce * valid).sum() / n
             losses.append(ce.detach())
             counts.append(valid.sum())
         return total, torch.stack(losses), torch.stack(counts).float()

@@ -374,10 +374,11 @@ def train(
     torch.manual_seed(cfg.seed)
     lm_dtype = resolve_dtype(cfg.lm_dtype, device).dtype
     embed, lm = shared_weights(target, lm_dtype)
-    remap = None
+    remap = label_ids = None
     if cfg.label_vocab == "cache":
         vocab = cache_vocab(cache)
-        lm = lm[torch.from_numpy(vocab)].contiguous()
+        label_ids = torch.from_numpy(vocab)
+        lm = lm[label_ids].contiguous()
         remap = _Remap(vocab, target.arch.vocab_size)
     module = make_module(cfg.kind, target, cfg.num_heads, cfg.rmsnorm, cfg.seed)
     kind_recipe = recipe(cfg.kind)
@@ -410,7 +411,7 @@ def train(
     wrapper: nn.Module = (
         LinearLoss(module, lm, cfg)
         if linear
-        else BlockLoss(module, embed, lm, cfg.step_decay)
+        else BlockLoss(module, embed, lm, cfg.step_decay, label_ids)
         if block
         else RecurrentLoss(module, embed, lm, cfg, kind_recipe.feature_regression)
     )
@@ -470,7 +471,7 @@ def train(
         dynamic_ncols=True,
     )
     t0, seen = time.perf_counter(), 0
-    n_sub = cfg.num_heads if linear else module.block_size - 1 if block else cfg.unroll
+    n_sub = cfg.num_heads if linear else module.num_drafts if block else cfg.unroll
     sums = torch.zeros(n_sub)
     cnts = torch.zeros(n_sub)
     completed = start
@@ -490,6 +491,7 @@ def train(
                     wins,
                     ids,
                     module.block_size,
+                    module.num_drafts,
                     module.mask_token_id,
                     cfg.seed,
                     step,
