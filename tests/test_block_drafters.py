@@ -202,3 +202,44 @@ def test_each_request_asks_its_own_depth_and_the_batch_verifies_the_deepest(tiny
     assert d.verify_depth(gen.tree) == 2
     d.survival = torch.tensor([[0.3, 0.1, 0.0], [0.4, 0.1, 0.05]])
     assert d.verify_depth(gen.tree) == 1  # always at least one draft
+
+
+def test_training_batches_align_with_serving(tiny, tmp_path):
+    """The aux side file holds the target's states at the drafter's layers for every cached position, and
+    a block batch puts draft i of anchor p on the target's choice for position p+i+1 (a_{p+i}), with
+    x_{p+i} as the token before it, the context being the positions before p only."""
+    import numpy as np
+
+    from trtspec.train.aux_cache import aux_features
+    from trtspec.train.block import block_batch
+    from trtspec.train.cache import HiddenCache, build_cache
+    from trtspec.train.trainer import windows
+
+    target = tiny["target"]
+    items = [[5, 9, 17, 3], [60, 61, 62, 63, 64], [2, 40, 2]]
+    build_cache(target, items, tmp_path / "cache", gen_tokens=10, batch_size=2, progress=False)
+    cache = HiddenCache(tmp_path / "cache")
+    layers = (1, target.arch.num_hidden_layers)
+    aux = aux_features(cache, target, layers, progress=False)
+    model = build_llama(target.arch, target.tensors)
+    si, a, n = cache.sequences[1]
+    toks = torch.from_numpy(np.asarray(cache.sequence(1)["tokens"], dtype=np.int64))[None]
+    with torch.no_grad():
+        _, ref = model(toks, torch.arange(n)[None], model.new_cache(1, n), causal_mask(n), layers)
+    got = torch.from_numpy(np.asarray(aux[si][a : a + n], dtype=np.float32))
+    assert torch.allclose(got, torch.cat(ref, -1)[0], atol=2e-2)
+    wins = windows(cache, 512)
+    batch = block_batch(cache, aux, wins, np.array([1]), 4, 4, 95, seed=0, step=0)
+    seq = cache.sequence(wins[1][0])
+    plen = cache.prompt_lengths[wins[1][0]]
+    for k, p in enumerate(batch["anchor"][0].tolist()):
+        if p < 0:
+            continue
+        assert p >= plen  # anchors lie in the target's reply
+        assert int(batch["tokens"][0, 4 * k]) == int(seq["tokens"][p])
+        assert (batch["tokens"][0, 4 * k + 1 : 4 * k + 4] == 95).all()
+        for i in range(4):
+            lab = int(batch["labels"][0, k, i])
+            assert lab == (int(seq["argmax"][p + i]) if p + i < len(seq["tokens"]) else -1)
+            if lab >= 0:
+                assert int(batch["prev"][0, k, i]) == int(seq["tokens"][p + i])
