@@ -243,3 +243,25 @@ def test_training_batches_align_with_serving(tiny, tmp_path):
             assert lab == (int(seq["argmax"][p + i]) if p + i < len(seq["tokens"]) else -1)
             if lab >= 0:
                 assert int(batch["prev"][0, k, i]) == int(seq["tokens"][p + i])
+
+
+def test_cli_trains_a_block_drafter_and_refuses_soft_labels(tmp_path):
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+    from trtspec.demo.tokenizer import write_char_tokenizer
+
+    tdir = make_tiny_llama(tmp_path / "target", seed=0, vocab_size=128, num_hidden_layers=3)
+    write_char_tokenizer(tdir, 128)
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        "".join(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"}]}) + "\n" for i in range(8))
+    )
+    args = ["train-heads", "-t", str(tdir), "-k", KIND, "-d", str(data), "--gen-tokens", "12", "--steps", "3"]
+    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "h"), "--num-heads", "5", "--batch-tokens", "64"])
+    assert r.exit_code == 0, r.output
+    spec = load_spec_model(tdir, tmp_path / "h")
+    assert spec.drafter.kind == KIND and spec.drafter.config["block_size"] == 6 and spec.tree.depth == 5
+    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "s"), "--topk", "4", "--soft-weight", "0.3"])
+    assert r.exit_code == 2 and "error:" in r.output and "--soft-weight" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "s").exists()
