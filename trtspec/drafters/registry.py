@@ -22,6 +22,7 @@ _MODULES = (
     "trtspec.drafters.medusa",
     "trtspec.drafters.eagle3",
     "trtspec.drafters.eagle",
+    "trtspec.drafters.native_mtp",  # before draft-model: both are HF directories with model.layers.*
     "trtspec.drafters.draft_model",
 )
 
