@@ -15,7 +15,7 @@ from trtspec.parallel import Mapping
 from trtspec.spec import DrafterSpec, SpecModel, TargetSpec, TreeSpec
 from trtspec.tree import DEFAULT_CHOICES, normalize_choices, parse_choices
 
-__all__ = ["load_drafter", "load_spec_model", "load_tokenizer", "resolve_tree"]
+__all__ = ["drafter_inside", "load_drafter", "load_spec_model", "load_tokenizer", "resolve_tree"]
 
 
 def load_drafter(
@@ -49,6 +49,12 @@ def load_drafter(
     return drafter
 
 
+def drafter_inside(target: Path) -> Path | None:
+    """The target directory itself when its files hold a drafter (registry kinds with ``inside_target``)."""
+    found = registry.detect_or_none(target)
+    return target if found is not None and registry.get(found).inside_target else None
+
+
 def resolve_tree(tree, drafter: DrafterSpec | None) -> TreeSpec:
     """Tree choices from the user, else the heads' own recorded tree, else a default that fits the drafter."""
     if drafter is None:
@@ -77,8 +83,11 @@ def load_spec_model(
     allow_pickle: bool = False,
     draft_vocab: int | None = None,
 ) -> SpecModel:
-    """Load + validate everything once; the result is what every later stage takes."""
+    """Load + validate everything once; the result is what every later stage takes. Without ``heads``, a
+    target that carries its own drafter (a kind with ``inside_target``, e.g. MTP layers) drafts with it."""
     tgt = load_hf_causal_lm(target, allow_pickle=allow_pickle)
+    if heads is None and heads_format is None:
+        heads = drafter_inside(tgt.path)
     drafter = load_drafter(heads, tgt, heads_format, allow_pickle, draft_vocab) if heads is not None else None
     if isinstance(dtype, str):
         try:

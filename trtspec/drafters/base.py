@@ -146,6 +146,9 @@ class DrafterKind:
     formats: tuple[str, ...] = ()
     #: what ``trtspec export --format`` can write for this kind (an exporter per format lives in cli/export.py)
     export_formats: tuple[str, ...] = ()
+    #: the drafter's weights live inside the target checkpoint: a target that holds them drafts with them
+    #: when no --heads is given (the heads path is then the target directory)
+    inside_target: bool = False
     #: the kind brings its own draft vocabulary (EAGLE-3's d2t): refuse draft_vocab.safetensors
     own_draft_vocab: bool = False
     #: the deepest static tree the loaded drafter can fill (None = any depth)

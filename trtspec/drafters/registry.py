@@ -24,6 +24,7 @@ _MODULES = (
     "trtspec.drafters.dspark",
     "trtspec.drafters.dflash",
     "trtspec.drafters.eagle",
+    "trtspec.drafters.native_mtp",  # before draft-model: both are HF directories with model.layers.*
     "trtspec.drafters.draft_model",
 )
 
