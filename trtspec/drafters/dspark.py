@@ -133,6 +133,7 @@ def save(
         markov_head_type="vanilla",
         enable_confidence_head=module.confidence_head is not None,
         confidence_head_with_markov=module.confidence_with_markov,
+        num_anchors=16,  # a training field DeepSpec's model requires in its config (trtspec's anchors per window)
     )
     cfg.update(cfg["dspark_config"])  # DeepSpec reads the fields at the top level
     if info is not None:
