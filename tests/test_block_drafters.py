@@ -287,3 +287,14 @@ def test_block_training_resumes_bit_identically(tiny, tmp_path):
     assert r_res.losses == r_full.losses
     for (n, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), n
+
+
+def test_dspark_saves_for_a_tied_embedding_target(tmp_path):
+    """DeepSpec's layout carries copies of the embedding and lm_head; a tied target (SmolLM2) shares one
+    tensor for both, and the writer must still give each its own storage."""
+    from trtspec.train.heads import make_module, save_heads
+
+    tdir = make_tiny_llama(tmp_path / "target", seed=1, num_hidden_layers=3, tie_word_embeddings=True)
+    target = load_hf_causal_lm(tdir)
+    out = save_heads("dspark", make_module("dspark", target, 3), target, tmp_path / "spark", {})
+    assert load_spec_model(tdir, out).drafter.kind == "dspark"

@@ -141,7 +141,7 @@ def save(
     state = module_state(module, dtype)
     # DeepSpec's module holds frozen copies of the target's embedding and lm_head
     state["embed_tokens.weight"] = target.tensors.load("model.embed_tokens.weight").to(dtype).contiguous()
-    state["lm_head.weight"] = target.tensors.load(target.lm_head_name).to(dtype).contiguous()
+    state["lm_head.weight"] = target.tensors.load(target.lm_head_name).to(dtype).clone()  # tied: own storage
     return save_block(Path(out), state, cfg)
 
 
