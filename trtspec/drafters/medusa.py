@@ -158,6 +158,6 @@ KIND = DrafterKind(
     engine=EngineRoute(layout="MedusaForCausalLM", mode="medusa", triton_decoding_mode="medusa"),
     training=TrainingRecipe("heads", new_module, save, uses_num_heads=True),
     formats=("medusa",),
-    export_formats=("onnx",),
+    export_formats=("onnx", "medusa"),
     max_tree_depth=lambda spec: spec.num_heads,
 )
