@@ -236,3 +236,23 @@ def test_cli_writes_and_refuses_to_overwrite(demo8, tmp_path):
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 2 and "--overwrite" in again.output
     assert CliRunner().invoke(main, [*args, "--overwrite"]).exit_code == 0
+
+
+def test_medusa_heads_sharing_the_target_lm_head_export_with_copies(demo8, tmp_path):
+    """Medusa "version 2" heads (no lm_head of their own, what train-heads writes): each exported head
+    carries a copy of the target's lm_head (vLLM's per-head layout), and the drafts stay the same."""
+    from trtspec.drafters.medusa import new_module, save
+    from trtspec.drafters.weights import demo_init
+
+    target = load_hf_causal_lm(demo8["target"])
+    v2 = save(demo_init(new_module(target, 2), 5, scale=0.2), target, tmp_path / "v2", dtype=torch.float32)
+    assert _config(v2)["version"] == "2"
+    out = export_draft(v2, demo8["target"], "medusa", tmp_path / "exp", tree=[[0], [0, 0]])
+    lm = target.tensors.load(target.lm_head_name)
+    t = _tensors(out)
+    assert torch.equal(t["0.1.weight"], lm) and torch.equal(t["1.1.weight"], lm)
+    a = load_spec_model(demo8["target"], v2, tree=[[0], [0, 0]], draft_vocab=0)
+    b = load_spec_model(demo8["target"], out, tree=[[0], [0, 0]], draft_vocab=0)
+    seen_a, res_a = _drafted(a, [[1, 40, 50, 60, 70]])
+    seen_b, res_b = _drafted(b, [[1, 40, 50, 60, 70]])
+    assert all(torch.equal(x, y) for x, y in zip(seen_a, seen_b)) and res_a.tokens == res_b.tokens

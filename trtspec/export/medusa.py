@@ -30,8 +30,8 @@ def write(spec: SpecModel, out: Path, opts: ExportOptions) -> None:
         for layer in range(Lm):
             for p in ("weight", "bias"):
                 tensors[f"{h}.{layer}.linear.{p}"] = state[f"heads.{h}.res.{layer}.{p}"]
-        lm = state.get(f"heads.{h}.lm_head.weight", shared)
-        tensors[f"{h}.{Lm}.weight"] = lm.contiguous()
+        own = state.get(f"heads.{h}.lm_head.weight")
+        tensors[f"{h}.{Lm}.weight"] = own if own is not None else shared.clone()  # one copy per head
     config = {
         "model_type": "medusa",
         "architectures": ["MedusaModel"],
