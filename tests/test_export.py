@@ -256,3 +256,15 @@ def test_medusa_heads_sharing_the_target_lm_head_export_with_copies(demo8, tmp_p
     seen_a, res_a = _drafted(a, [[1, 40, 50, 60, 70]])
     seen_b, res_b = _drafted(b, [[1, 40, 50, 60, 70]])
     assert all(torch.equal(x, y) for x, y in zip(seen_a, seen_b)) and res_a.tokens == res_b.tokens
+
+
+def test_trtllm_capture_layers_are_vllm_ids_minus_one():
+    """DEPLOY_FORMATS §0: vLLM captures the input of layer a, TensorRT-LLM the output of layer i; the
+    defaults (2, L//2, L-3) and {1, L//2-1, L-4} are the same layers."""
+    from trtspec.export.eagle3 import trtllm_layers_to_capture
+
+    s0 = section("DEPLOY_FORMATS.md", "0.")
+    assert "`(2, L//2, L-3)`" in s0 and "`{1, L//2-1, L-4}`" in s0
+    assert "`eagle3_layers_to_capture = {a - 1 for a in eagle_aux_hidden_state_layer_ids}`" in s0
+    for L in (8, 30, 32):
+        assert trtllm_layers_to_capture([2, L // 2, L - 3]) == sorted({1, L // 2 - 1, L - 4})
