@@ -3,7 +3,7 @@ trtspec's reference runtime does.
 
 A tiny Llama (real HF files, a character tokenizer vLLM loads) gets EAGLE heads trained by trtspec's
 trainer and random EAGLE-3 / Medusa demo heads; each is exported and run by ``vllm.LLM`` in its own
-process (tests/interop/vllm_run.py). Checked: greedy output identical to vLLM without speculation and to
+process (scripts/vllm_run.py). Checked: greedy output identical to vLLM without speculation and to
 trtspec's, and vLLM's spec-decode counters (drafts, accepted tokens, per position) within 10% relative of
 the reference runtime's on the same prompts and draft length. ``scripts/setup_vllm.sh`` builds the venv;
 ``scripts/test_interop.sh`` builds it and runs this file.
@@ -21,7 +21,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PY = Path(os.environ.get("TRTSPEC_VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
-RUNNER = Path(__file__).with_name("vllm_run.py")
+RUNNER = REPO / "scripts" / "vllm_run.py"
 
 pytestmark = [
     pytest.mark.interop,
