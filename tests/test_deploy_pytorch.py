@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import yaml
 from click.testing import CliRunner
-from deploy_facts import decoding_types, llmapi_inputs, llmapi_model_yaml_keys, llmapi_outputs, pytorch_fields
+from deploy_docs import decoding_types, llmapi_inputs, llmapi_model_yaml_keys, llmapi_outputs, pytorch_fields
 
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.cli import main

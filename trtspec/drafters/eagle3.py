@@ -4,7 +4,8 @@ Layout (SafeAILab / the Llama-draft layout vLLM and SGLang load): ``config.json`
 (``LlamaForCausalLMEagle3``, ``draft_vocab_size``) + weights with ``fc.weight`` [H, 3H_t], ``midlayer.*``
 (hidden_norm, input_layernorm, 2H-input attention), ``norm.weight``, ``lm_head.weight`` [V_d, H], ``d2t``
 [V_d] (draft id + d2t = target id), ``t2d`` [V] (training only). Canonical: ``fc``, ``layer.*``, ``norm``,
-``lm_head``, ``d2t``.
+``lm_head``, ``d2t``. Also read: the speculators format (``speculators_model_type: eagle3``), whose layer
+config sits in ``transformer_layer_config`` and whose layer tensors are ``layers.0.*``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from trtspec.checkpoint.heads.common import expect_shape, open_weights, single_dtype
+from trtspec.checkpoint.target import read_json
 from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, PyTorchRoute
 from trtspec.drafters.eagle_layout import WEIGHT_FILES, eagle_config, layer_shapes, read_arch, save_layout
 from trtspec.drafters.proposers import build_pair_drafter
@@ -48,8 +50,31 @@ def aux_layers(cfg: dict, num_target_layers: int) -> tuple[int, int, int]:
     return (2, L // 2, L - 3)
 
 
+SPECULATORS_LAYER = "transformer_layer_config"
+#: speculators config switches for computations trtspec's Eagle3Head does not have (vLLM's reader
+#: defaults norm_before_residual to true when the key is absent)
+_SPECULATORS_SWITCHES = {"norm_before_residual": True, "norm_before_fc": False, "fc_norm": False, "norm_output": False}
+
+
+def layout(path: Path) -> tuple[str | None, str]:
+    """(config section holding the layer config, tensor prefix of the layer): the Llama-draft layout keeps
+    both at the top / under ``midlayer.``; the speculators format under ``transformer_layer_config`` /
+    ``layers.0.``."""
+    cfg_path = path / "config.json" if path.is_dir() else path.parent / "config.json"
+    cfg = read_json(cfg_path) if cfg_path.is_file() else {}
+    if "speculators_model_type" not in cfg:
+        return None, "midlayer."
+    if cfg["speculators_model_type"] != NAME:
+        raise CheckpointError(f"speculators_model_type is {cfg['speculators_model_type']!r}, not {NAME!r}", cfg_path)
+    for key, default in _SPECULATORS_SWITCHES.items():
+        if cfg.get(key, default):
+            raise CheckpointError(f"speculators {key}=true is not supported", cfg_path, "export with it false")
+    return SPECULATORS_LAYER, "layers.0."
+
+
 def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterSpec:
-    arch, cfg = read_arch(path, target)
+    section, prefix = layout(path)
+    arch, cfg = read_arch(path, target, section)
     store = open_weights(path, WEIGHT_FILES, allow_pickle)
     H, Ht = arch.hidden_size, target.arch.hidden_size
     if "lm_head.weight" not in store:
@@ -70,8 +95,8 @@ def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterS
         "hidden_norm.weight": (H,),
         "input_layernorm.weight": (H,),
     }.items():
-        expect_shape(store, f"midlayer.{part}", shape, path, "the EAGLE-3 midlayer")
-        mapping[f"layer.{part}"] = f"midlayer.{part}"
+        expect_shape(store, f"{prefix}{part}", shape, path, "the EAGLE-3 midlayer")
+        mapping[f"layer.{part}"] = f"{prefix}{part}"
     if Vd != target.arch.vocab_size:
         if "d2t" not in store:
             raise CheckpointError(
@@ -115,6 +140,9 @@ def make_demo(target: TargetSpec, out: Path) -> Path:
     t2d[used] = True
     state["t2d"] = t2d
     cfg = eagle_config(target, architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=n)
+    L = target.arch.num_hidden_layers
+    if len(set(aux_layers({}, L))) < 3:  # the default repeats a layer on a tiny target: name distinct ones
+        cfg["eagle_aux_hidden_state_layer_ids"] = [0, L // 2, L - 1]
     return save_layout(out, state, "midlayer.", cfg)
 
 
@@ -135,6 +163,7 @@ KIND = DrafterKind(
         )
     ),
     pytorch=PyTorchRoute(decoding_type="Eagle3", draft_format="eagle3"),
-    formats=("eagle3",),
+    formats=("eagle3", "speculators"),
+    export_formats=("eagle3", "speculators"),
     own_draft_vocab=True,
 )
