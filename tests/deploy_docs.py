@@ -107,7 +107,7 @@ def llm_args_fields(block: str) -> set[str]:
 
 def decoding_types() -> dict[str, str]:
     """Config class -> its decoding_type literal, as recorded in §1."""
-    pairs = re.findall(r'`(\w+DecodingConfig)` \((?:literal )?`(?:decoding_type: )?"(\w+)"`\)', deploy_section(1))
+    pairs = re.findall(r'`(\w+DecodingConfig)` \((?:literal )?`(?:decoding_type: )?"(\w+)"`[^)]*\)', deploy_section(1))
     return dict(pairs)
 
 

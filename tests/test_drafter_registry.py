@@ -83,7 +83,11 @@ def test_greedy_is_token_identical(kind, tree, demo_paths):
     plain = gen.generate(PROMPTS, GenerationConfig(max_new_tokens=12, speculative=False))
     spec_run = gen.generate(PROMPTS, GenerationConfig(max_new_tokens=12))
     assert spec_run.tokens == plain.tokens
-    assert spec_run.metrics.draft_tokens == spec_run.metrics.sequence_steps * spec.tree.num_nodes
+    m = spec_run.metrics
+    if registry.get(kind).model_free:  # verifies only the nodes it matched (the repetitive prompt matches)
+        assert 0 < m.draft_tokens <= m.sequence_steps * spec.tree.num_nodes
+    else:
+        assert m.draft_tokens == m.sequence_steps * spec.tree.num_nodes
 
 
 @pytest.fixture(scope="module")

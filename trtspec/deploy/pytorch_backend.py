@@ -112,11 +112,13 @@ def speculative_config(
         max_draft_len = spec.tree.depth or 1
         notes.append(f"max_draft_len {max_draft_len}: the depth of the heads' tree ({spec.tree.num_nodes} nodes)")
     validate_schedule(max_draft_len, draft_len_schedule, max_concurrency)
-    cfg: dict[str, Any] = {
-        "decoding_type": route.decoding_type,
-        "max_draft_len": max_draft_len,
-        "speculative_model": str(draft_dir),
-    }
+    cfg: dict[str, Any] = {"decoding_type": route.decoding_type, "max_draft_len": max_draft_len}
+    if route.draft_format is not None:
+        cfg["speculative_model"] = str(draft_dir)
+    serving = registry.get(spec.drafter.kind).serving_configs
+    own = serving(spec.drafter, max_draft_len).get("trtllm-pytorch", {}) if serving is not None else {}
+    assert own.get("decoding_type", route.decoding_type) == route.decoding_type, own
+    cfg.update({k: v for k, v in own.items() if k not in cfg})  # the kind's own fields (e.g. n-gram size)
     aux = spec.drafter.config.get("aux_layers")
     if aux:  # EAGLE-3 style fused features: TensorRT-LLM counts layer outputs, the draft config layer inputs
         L = spec.target.arch.num_hidden_layers
@@ -206,7 +208,8 @@ def write_pytorch_deployment(
     # GPU machine as a whole
     spec_cfg, notes = speculative_config(spec, Path("draft"), max_draft_len, draft_len_schedule, max_concurrency)
     with atomic_directory(out, overwrite=overwrite) as tmp:
-        _write_draft(spec, tmp / "draft", spec_cfg["max_draft_len"])
+        if "speculative_model" in spec_cfg:
+            _write_draft(spec, tmp / "draft", spec_cfg["max_draft_len"])
         options = {"backend": "pytorch", "speculative_config": spec_cfg}
         (tmp / OPTIONS_FILE).write_text(yaml.safe_dump(options, sort_keys=False))
         model_dir = tmp / LLMAPI_DIR / "tensorrt_llm"
@@ -223,7 +226,7 @@ def write_pytorch_deployment(
             "backend": "pytorch",
             "argv": argv or [],
             "target": str(target),
-            "heads": str(spec.drafter.path.absolute()),
+            "heads": str(spec.drafter.path),
             "kind": spec.drafter.kind,
             "speculative_config": spec_cfg,
             "derived": notes,

@@ -50,6 +50,12 @@ class Drafter(Protocol):
 
     def pack(self, target_projection: nn.Module) -> None: ...
 
+    def drafted(self) -> torch.Tensor | None:
+        """[B, tree.size] bool: the nodes of the last proposal the drafter stands behind (None = every
+        node). A model-free drafter has nothing to say where its text does not match; the loop then
+        verifies only the nodes some sequence drafted, down to a plain step when none did."""
+        ...
+
 
 @dataclass(frozen=True)
 class DirFacts:
@@ -151,3 +157,15 @@ class DrafterKind:
     own_draft_vocab: bool = False
     #: the deepest static tree the loaded drafter can fill (None = any depth)
     max_tree_depth: Callable[[DrafterSpec], int | None] = lambda spec: None
+    #: model-free kinds only: a ``--heads`` address that selects the kind without files ("name" or
+    #: "name:argument"). Returns the DrafterSpec, None when the text names another kind, or raises a
+    #: UsageError/CheckpointError for this kind's name with a bad argument.
+    address: Callable[[str, TargetSpec], DrafterSpec | None] | None = None
+    #: what other serving runtimes call this drafter, for their exporters: {runtime: speculative config}
+    #: (e.g. the TensorRT-LLM PyTorch backend's decoding_type and fields) given the spec and draft length
+    serving_configs: Callable[[DrafterSpec, int], dict[str, dict[str, Any]]] | None = None
+
+    @property
+    def model_free(self) -> bool:
+        """No weights: the kind drafts from text (selected by an address, its settings directory optional)."""
+        return self.address is not None

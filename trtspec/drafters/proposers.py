@@ -72,6 +72,10 @@ class ModelDrafter:
     lm_head: torch.Tensor | None
     draft_vocab: torch.Tensor | None
 
+    def drafted(self) -> torch.Tensor | None:
+        """Every node: a model fills the whole tree."""
+        return None
+
     def pack(self, target_projection: nn.Module) -> None:
         """Pre-pack the drafter's matmuls and vocabulary projection (bfloat16 CPU inference, models.packed).
         ``lm_head`` stays the plain weight (tree tuning reads it); ``projection`` is what proposing calls:
