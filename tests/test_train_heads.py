@@ -35,8 +35,24 @@ def tiny(tmp_path_factory):
     target = load_hf_causal_lm(tdir)
     rng = random.Random(0)
     items = [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(3, 10))] for _ in range(40)]
-    build_cache(target, items, root / "cache", gen_tokens=24, topk=4, batch_size=8, shard_tokens=300, progress=False)
+    build_cache(
+        target,
+        items,
+        root / "cache",
+        gen_tokens=24,
+        topk=4,
+        batch_size=8,
+        shard_tokens=300,
+        progress=False,
+        aux_layers=aux_layers_of_trainable_kinds(target),
+    )
     return {"root": root, "dir": tdir, "target": target, "items": items, "cache": HiddenCache(root / "cache")}
+
+
+def aux_layers_of_trainable_kinds(target) -> tuple[int, ...]:
+    """Every target layer some trainable kind reads (one cache then serves every kind)."""
+    recipes = [registry.get(k).training for k in registry.trainable()]
+    return tuple(sorted({i for r in recipes if r.aux_layers is not None for i in r.aux_layers(target)}))
 
 
 def _cfg(kind: str, **kw) -> TrainConfig:
