@@ -242,3 +242,16 @@ def check_lengths(seqs: list[list[int]], horizon: int, what: str = "data") -> No
             f"{what}: every sequence is too short for the heads' horizon of {horizon} tokens "
             f"(longest has {longest} tokens); use longer texts or fewer heads"
         )
+
+
+def check_token_ids(items: list[list[int]], vocab_size: int, target_path) -> None:
+    """Refuse data whose tokenizer does not belong to the target: an id the target has no embedding for
+    would index past its vocabulary (a crash deep in the forward, or silently wrong labels)."""
+    top = max((max(it) for it in items if it), default=-1)
+    if top >= vocab_size:
+        raise CheckpointError(
+            f"the tokenizer produced token id {top}, but the target's vocabulary has {vocab_size} tokens: "
+            "the tokenizer and the model do not match",
+            target_path,
+            "use the tokenizer the target was trained with",
+        )
