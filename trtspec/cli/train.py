@@ -13,12 +13,15 @@ from trtspec.dtypes import resolve_dtype
 from trtspec.errors import UsageError
 
 
-def _items(tok, samples, mode: str, chat: bool) -> list[list[int]]:
-    from trtspec.train.data import encode_prompt, encode_text
+def _items(tok, samples, mode: str, chat: bool) -> tuple[list[list[int]], list[list[int]] | None]:
+    """Token ids per sample, and (teacher mode) which of them the loss may predict: assistant turns."""
+    from trtspec.train.data import encode_prompt, encode_text_with_mask
 
     if mode == "generate":
-        return [encode_prompt(tok, s, chat) for s in samples]
-    return [encode_text(tok, s) for s in samples]
+        return [encode_prompt(tok, s, chat) for s in samples], None
+    pairs = [encode_text_with_mask(tok, s) for s in samples]
+    masks = [p[1] for p in pairs]
+    return [p[0] for p in pairs], masks if not all(all(m) for m in masks) else None  # text only: no mask
 
 
 def _barrier(world: int) -> None:
@@ -130,7 +133,8 @@ def _kinds(pred) -> str:
     type=click.Choice(["generated", "all"]),
     default="generated",
     show_default=True,
-    help="generated: loss only where the target wrote the text (what heads face when serving).",
+    help="generated: loss only where the target wrote the text (what heads face when serving); with "
+    "--distill teacher, only on the assistant turns of chat data (located with the chat template).",
 )
 @click.option(
     "--label-vocab",
@@ -212,7 +216,7 @@ def train_heads_cmd(
     samples = load_samples(list(data), seed)
     if max_samples:
         samples = samples[:max_samples]
-    items = _items(tok, samples, distill, chat)
+    items, loss_masks = _items(tok, samples, distill, chat)
     check_token_ids(items, tgt.arch.vocab_size, tgt.tokenizer_path or tgt.path)
     hz = horizon(kind, num_heads, unroll)
     if distill == "teacher":
@@ -235,6 +239,7 @@ def train_heads_cmd(
         world=world,
         dtype=cache_choice.name,
         aux_layers=record.training.aux_layers(tgt) if record.training.aux_layers is not None else (),
+        loss_masks=loss_masks if train_on == "generated" else None,
     )
     _barrier(world)
     cache = HiddenCache(cache_dir, tgt.fingerprint, world=world)

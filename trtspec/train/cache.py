@@ -16,6 +16,8 @@ and tree tuning all read the same files. Layout (``<cache>/``):
                                                each of the A target layers ``meta["aux_layers"]`` (sorted),
                                                concatenated: the features of drafters that fuse several
                                                target layers (a kind's ``TrainingRecipe.aux_layers``)
+               lossmask.npy    uint8 [n]       (teacher mode, chat data) 1 where x_q is assistant text: the
+                                               loss is taken only on predictions of such tokens
 
 Shards are written to a temp dir and renamed, then meta.json is replaced atomically, so an interrupted
 build (Ctrl-C, a killed job) resumes at the last finished shard and never leaves a half shard behind.
@@ -81,6 +83,7 @@ class _Record:
     topk_logits: np.ndarray | None
     plen: int = 1
     aux: np.ndarray | None = None
+    mask: np.ndarray | None = None  # uint8 [n]: 1 where the token is one the loss may predict
 
 
 def _labels(model: LlamaModel, hidden: torch.Tensor, topk: int):
@@ -318,6 +321,8 @@ def _write_shard(directory: Path, name: str, records: list[_Record]) -> int:
         np.save(tmp / "topk_logits.npy", np.concatenate([r.topk_logits for r in records]))
     if records[0].aux is not None:
         np.save(tmp / "aux.npy", np.concatenate([r.aux for r in records]))
+    if records[0].mask is not None:
+        np.save(tmp / "lossmask.npy", np.concatenate([r.mask for r in records]))
     final = directory / name
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -345,12 +350,16 @@ def build_cache(
     world: int = 1,
     dtype: str = "float32",
     aux_layers: tuple[int, ...] | list[int] = (),
+    loss_masks: list[list[int]] | None = None,
 ) -> Path:
     """Build (or resume) the cache for ``items`` (token-id prompts/texts). Returns the cache dir.
 
     ``aux_layers``: also store the residual stream entering these target layers (``aux.npy``). They are
     not part of the data hash: a cache that already holds every asked layer is reused as it is (so one
     cache serves a kind that fuses target layers and one that does not); one that lacks some is refused.
+
+    ``loss_masks`` (teacher mode): per item, 1 for each token the loss may predict (the assistant turns of
+    chat data, ``train.data.encode_text_with_mask``); without them every teacher-mode token counts.
 
     ``dtype`` is the target's compute dtype: ``bfloat16`` (pre-packed oneDNN matmuls on CPUs with native
     bfloat16) caches several times faster and labels what a bfloat16 deployment of the target says; on
@@ -366,6 +375,8 @@ def build_cache(
         raise UsageError(f"unknown cache mode {mode!r}; use generate or teacher")
     if not items:
         raise UsageError("no data items to cache")
+    if loss_masks is not None and (mode != "teacher" or [len(m) for m in loss_masks] != [len(i) for i in items]):
+        raise UsageError("loss masks are for teacher mode, one 0/1 per token of every item")
     out = Path(out)
     options = {
         "mode": mode,
@@ -377,7 +388,9 @@ def build_cache(
     }
     if dtype != "float32":  # float32 caches keep the hash they had before the option existed
         options["dtype"] = dtype
-    dhash = data_hash(items, options)
+    if loss_masks is not None:
+        options["loss_mask"] = True
+    dhash = data_hash(items if loss_masks is None else [*items, *loss_masks], options)
     wanted = sorted({int(i) for i in aux_layers})
     L = target.arch.num_hidden_layers
     if any(not 0 <= i < L for i in wanted):
@@ -447,9 +460,10 @@ def build_cache(
         per_call = POOL_BATCHES if mode == "generate" else 1
         for g in range(0, len(todo), per_call):
             group = todo[g : g + per_call]
+            taken = [i for bi in group for i in batches[bi]]
             recs = run_items(
                 model,
-                [items[i] for bi in group for i in batches[bi]],
+                [items[i] for i in taken],
                 mode,
                 gen_tokens,
                 topk,
@@ -457,6 +471,9 @@ def build_cache(
                 rows=batch_size,
                 aux_layers=tuple(meta.get("aux_layers", [])),
             )
+            if loss_masks is not None:
+                for r, i in zip(recs, taken):
+                    r.mask = np.asarray(loss_masks[i], dtype=np.uint8)
             pending.extend(recs)
             pending_batches += len(group)
             n_tokens += sum(len(r.tokens) for r in recs)
@@ -492,6 +509,7 @@ class _Shard:
         self.topk_ids = np.load(d / "topk_ids.npy", mmap_mode="r") if (d / "topk_ids.npy").exists() else None
         self.topk_logits = np.load(d / "topk_logits.npy", mmap_mode="r") if (d / "topk_logits.npy").exists() else None
         self.aux = np.load(d / "aux.npy", mmap_mode="r") if (d / "aux.npy").exists() else None
+        self.mask = np.load(d / "lossmask.npy", mmap_mode="r") if (d / "lossmask.npy").exists() else None
 
 
 class HiddenCache:
@@ -551,6 +569,18 @@ class HiddenCache:
     @property
     def has_topk(self) -> bool:
         return self.shards[0].topk_ids is not None
+
+    def trained(self, i: int) -> np.ndarray:
+        """bool [n]: the positions q of sequence ``i`` whose prediction (of x_{q+1}) is text the drafter should
+        learn: the target's own reply (q >= prompt length - 1), and, where the cache holds a loss mask, an
+        assistant token (the last position takes the last token's mask)."""
+        si, a, n = self.sequences[i]
+        q = np.arange(n)
+        ok = q >= self.prompt_lengths[i] - 1
+        mask = self.shards[si].mask
+        if mask is not None:
+            ok &= np.asarray(mask[a : a + n], dtype=bool)[np.minimum(q + 1, n - 1)]
+        return ok
 
     @property
     def aux_layers(self) -> tuple[int, ...]:

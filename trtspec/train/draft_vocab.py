@@ -30,10 +30,11 @@ class DraftVocab:
 
 
 def target_choice_counts(cache: HiddenCache, vocab_size: int) -> np.ndarray:
-    """How often the target chose each token where it wrote the text (positions q >= prompt_length - 1)."""
+    """How often the target chose each token where it wrote the text (positions q >= prompt_length - 1,
+    or the assistant turns of a masked teacher-mode cache: ``HiddenCache.trained``)."""
     counts = np.zeros(vocab_size, dtype=np.int64)
-    for i, plen in enumerate(cache.prompt_lengths):
-        am = np.asarray(cache.sequence(i)["argmax"][max(plen - 1, 0) :], dtype=np.int64)
+    for i in range(len(cache.sequences)):
+        am = np.asarray(cache.sequence(i)["argmax"], dtype=np.int64)[cache.trained(i)]
         counts += np.bincount(am[(am >= 0) & (am < vocab_size)], minlength=vocab_size)
     return counts
 

@@ -94,13 +94,13 @@ class _Positions:
 
     def __init__(self, cache: HiddenCache, generated_only: bool = True):
         shard, local, end = [], [], []
-        for (si, a, n), plen in zip(cache.sequences, cache.prompt_lengths):
-            first = max(plen - 1, 0) if generated_only else 0
-            if n - 1 - first < 1:
+        for i, (si, a, n) in enumerate(cache.sequences):
+            q = np.nonzero(cache.trained(i)[: n - 1])[0] if generated_only else np.arange(n - 1)
+            if len(q) < 1:
                 continue
-            shard.append(np.full(n - 1 - first, si, dtype=np.int32))
-            local.append(np.arange(a + first, a + n - 1, dtype=np.int64))
-            end.append(np.full(n - 1 - first, a + n, dtype=np.int64))
+            shard.append(np.full(len(q), si, dtype=np.int32))
+            local.append(a + q.astype(np.int64))
+            end.append(np.full(len(q), a + n, dtype=np.int64))
         if not shard:
             raise UsageError("the cache has no sequence longer than one token")
         self.shard, self.local, self.end = np.concatenate(shard), np.concatenate(local), np.concatenate(end)
@@ -185,6 +185,7 @@ def recurrent_batch(
     for b, (si, a, m) in enumerate(sel):
         seq = cache.sequence(si)
         n = len(seq["tokens"])
+        trained = cache.trained(si) if generated_only else None
         feats[b, :m] = seq["hidden"][a : a + m] if aux_cols is None else seq["aux"][a : a + m][:, aux_cols]
         valid[b, :m] = True
         start[b] = a
@@ -192,8 +193,8 @@ def recurrent_batch(
             q = np.arange(a, a + m)
             t = q + s + 1
             ok = t < n
-            if generated_only:
-                ok &= q >= cache.prompt_lengths[si] - 1
+            if trained is not None:
+                ok &= trained[q]
             cols = np.nonzero(ok)[0]
             toks[s, b, cols] = seq["tokens"][t[ok]]
             labs[s, b, cols] = seq["argmax"][t[ok]]
