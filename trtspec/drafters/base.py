@@ -118,6 +118,14 @@ class TrainingRecipe:
     state (EAGLE). ``new_module(target, num_heads, rmsnorm)`` builds an untrained module whose parameter
     names are the canonical tensor names; ``save(module, target, out, info, rmsnorm)`` writes it in the
     kind's published layout.
+
+    Kinds whose first step reads several target layers, or that project onto their own vocabulary, add:
+    ``aux_layers(target)``: the target layers whose *input* residual stream the self-distillation cache
+    stores; step 0's feature is their concatenation, in that order (as ``Drafter.aux_layers`` at runtime).
+    ``prepare(module, target, cache, size)``: called once on the fresh module before training; picks the
+    module's own output vocabulary from the cache (``size`` tokens, 0 = the kind's default) and returns
+    the label map [target vocab] -> the module's output id (-1 = not in its vocabulary): the loss is then
+    a softmax over the module's own logits, and the module's projection is trained.
     """
 
     style: str  # "heads" | "recurrent"
@@ -126,6 +134,8 @@ class TrainingRecipe:
     feature_regression: bool = False
     uses_rmsnorm_switch: bool = False  # --rmsnorm/--no-rmsnorm means something for this kind
     uses_num_heads: bool = False  # --num-heads means something for this kind
+    aux_layers: Callable[[TargetSpec], tuple[int, ...]] | None = None
+    prepare: Callable[..., torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
