@@ -42,6 +42,8 @@ RUNS = {  # name -> (kind, rmsnorm)
     "mtp-single-no-norm": ("mtp-single", False),
     "medusa": ("medusa", False),
     "eagle": ("eagle", False),
+    "dflash": ("dflash", True),
+    "dspark": ("dspark", True),
 }
 
 
@@ -66,6 +68,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--lr-linear", type=float, default=3e-3)
     ap.add_argument("--num-heads", type=int, default=3)
     ap.add_argument("--lr-recurrent", type=float, default=2e-3)
+    ap.add_argument("--block-drafts", type=int, default=7, help="block drafters: tokens drafted per block")
+    ap.add_argument("--epochs-block", type=float, default=2.0, help="epochs for the block drafters")
+    ap.add_argument("--lr-block", type=float, default=2e-3)
     ap.add_argument("--batch-tokens", type=int, default=2048)
     ap.add_argument("--soft-weight", type=float, default=0.3)
     ap.add_argument("--unroll", type=int, default=2)
@@ -249,14 +254,15 @@ def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
     if heads_dir.exists() and info_path.is_file() and not args.retrain:
         return json.loads(info_path.read_text())
     linear = kind in ("medusa", "mtp-linear")
+    block = is_block(kind)
     cfg = TrainConfig(
         kind=kind,
-        num_heads=args.num_heads,
+        num_heads=args.block_drafts if block else args.num_heads,
         rmsnorm=rms,
-        epochs=args.epochs_linear if linear else args.epochs_recurrent,
-        lr=args.lr_linear if linear else args.lr_recurrent,
+        epochs=args.epochs_block if block else args.epochs_linear if linear else args.epochs_recurrent,
+        lr=args.lr_block if block else args.lr_linear if linear else args.lr_recurrent,
         batch_tokens=args.batch_tokens,
-        soft_weight=args.soft_weight if cache.has_topk else 0.0,
+        soft_weight=args.soft_weight if cache.has_topk and not block else 0.0,
         label_vocab="cache",
         unroll=args.unroll,
         seed=0,
@@ -282,17 +288,42 @@ def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
     return info
 
 
+def is_block(kind: str) -> bool:
+    """A block drafter (one forward drafts a chain): evaluated on chains, no tree tuning."""
+    from trtspec.train.heads import recipe
+
+    return recipe(kind).style == "block"
+
+
+def block_report(spec, budgets) -> dict:
+    """Chains of the budgets' lengths (clipped to the block's drafts) in tune_on_cache's report shape."""
+    depth = max(len(c) for c in spec.tree.choices)
+    lengths = sorted({min(b, depth) for b in budgets} | {depth})
+    rows = [{"nodes": n, "choices": [[0] * d for d in range(1, n + 1)], "expected": None} for n in lengths]
+    for r in rows:
+        r["choices_json"] = json.dumps(r["choices"])
+    return {"budgets": rows, "per_depth_topk": None}
+
+
 def evaluate(args, heads_dir: Path, calib, eval_by_domain: dict, budgets, draft_vocab: int = 0) -> dict:
     """Tune trees on the calibration cache, measure every tree on every domain (plain interleaved), keep
-    the tree with the best mean speedup over the domains, and time adaptive speculation with it."""
+    the tree with the best mean speedup over the domains, and time adaptive speculation with it. Block
+    drafters are measured on chains instead (their drafts do not branch)."""
+    from trtspec.drafters import registry
     from trtspec.runtime.generate import SpeculativeGenerator
     from trtspec.train.tune_run import measure_decode, tune_on_cache
 
-    spec = load_spec_model(args.target, heads_dir, tree="chain:1", dtype="float32", draft_vocab=draft_vocab)
+    block = is_block(registry.detect(heads_dir))
+    spec = load_spec_model(
+        args.target, heads_dir, tree=None if block else "chain:1", dtype="float32", draft_vocab=draft_vocab
+    )
     gen = SpeculativeGenerator(spec, dtype=getattr(torch, args.dtype))
     eos = spec.target.arch.eos_token_id
     t0 = time.perf_counter()
-    rep = tune_on_cache(gen, calib, [], budgets, topk=8, speed=False, echo=lambda s: print(s, flush=True))
+    if block:
+        rep = block_report(spec, budgets)
+    else:
+        rep = tune_on_cache(gen, calib, [], budgets, topk=8, speed=False, echo=lambda s: print(s, flush=True))
     trees = {r["nodes"]: tuple(tuple(c) for c in r["choices"]) for r in rep["budgets"]}
     by_domain = {}
     for domain, items in eval_by_domain.items():

@@ -276,6 +276,13 @@ def train_heads_cmd(
             f"wrote {kind} heads to {out} (loss {result.final_loss:.4f}, {result.steps} steps, "
             f"{result.tokens_per_s:.0f} tok/s)"
         )
+        if label_vocab == "cache" and not draft_vocab:
+            click.echo(
+                "note: --label-vocab cache trained only the lm_head rows the target used on the data; pass "
+                "--draft-vocab N so the runtime drafts over those tokens (a freshly initialised drafter's "
+                "other rows are untrained)",
+                err=True,
+            )
         if draft_vocab and not record.own_draft_vocab:
             from trtspec.checkpoint.heads.draft_vocab import save_draft_vocab
             from trtspec.train.draft_vocab import frequent_tokens

@@ -114,7 +114,9 @@ class TrainingRecipe:
 
     ``style`` "heads": K heads read the target's last hidden state, head k predicts k+1 tokens past the
     target's own next one. "recurrent": one module applied autoregressively on (feature, next token)
-    pairs, unrolled on its own outputs. ``feature_regression``: also regress the target's next hidden
+    pairs, unrolled on its own outputs. "block": a block drafter (the module has ``block_size``,
+    ``mask_token_id`` and ``aux_layers``) fills B-1 positions after random anchors at once, conditioned on
+    the target's aux-layer states (trtspec/train/block.py). ``feature_regression``: also regress the target's next hidden
     state (EAGLE). ``new_module(target, num_heads, rmsnorm)`` builds an untrained module whose parameter
     names are the canonical tensor names; ``save(module, target, out, info, rmsnorm)`` writes it in the
     kind's published layout.
@@ -128,7 +130,7 @@ class TrainingRecipe:
     a softmax over the module's own logits, and the module's projection is trained.
     """
 
-    style: str  # "heads" | "recurrent"
+    style: str  # "heads" | "recurrent" | "block"
     new_module: Callable[..., nn.Module]
     save: Callable[..., Path]
     feature_regression: bool = False

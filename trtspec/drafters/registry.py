@@ -22,6 +22,8 @@ _MODULES = (
     "trtspec.drafters.mtp_single",
     "trtspec.drafters.medusa",
     "trtspec.drafters.eagle3",
+    "trtspec.drafters.dspark",
+    "trtspec.drafters.dflash",
     "trtspec.drafters.eagle",
     "trtspec.drafters.native_mtp",  # before draft-model: both are HF directories with model.layers.*
     "trtspec.drafters.draft_model",

@@ -311,7 +311,8 @@ class LlamaModel(nn.Module):
         aux_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Run T new tokens per sequence. Returns the final (post-norm) hidden states [B, T, H] and the
-        residual stream entering each layer in ``aux_layers`` (EAGLE-3's low/mid/high features)."""
+        residual stream entering each layer in ``aux_layers`` (EAGLE-3's low/mid/high features; index L =
+        the last layer's output, for drafters that read layer outputs)."""
         cache.ensure(int(cache.lengths.max()) + input_ids.shape[1])
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, h.dtype)
@@ -321,6 +322,8 @@ class LlamaModel(nn.Module):
             if i in aux_layers:
                 captured[i] = h
             h = layer(h, cos, sin, cache, i, mask)
+        if len(self.layers) in aux_layers:  # "entering layer L": the last layer's output, before the norm
+            captured[len(self.layers)] = h
         return self.norm(h), [captured[i] for i in aux_layers]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

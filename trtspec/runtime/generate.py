@@ -257,6 +257,24 @@ def trim_to_drafted(
     return trees[key], drafts[:, [0, *nodes]]
 
 
+_SUBTREES: dict[tuple, TreeBuffers] = {}
+
+
+def scheduled(drafter: Drafter, tree: TreeBuffers, drafts: torch.Tensor) -> tuple[TreeBuffers, torch.Tensor]:
+    """Confidence-scheduled verification: a drafter with ``verify_depth(tree)`` (one that predicts how
+    deep its draft survives) may ask for only the tree's nodes up to that depth to be verified. Nodes are
+    sorted by depth, so that subtree is a prefix of the draft columns; output is unaffected."""
+    depth_of = getattr(drafter, "verify_depth", None)
+    k = depth_of(tree) if depth_of is not None else tree.max_depth
+    if k >= tree.max_depth:
+        return tree, drafts
+    key = (tree.choices, k)
+    if key not in _SUBTREES:
+        _SUBTREES[key] = build_tree(tuple(c for c in tree.choices if len(c) <= k))
+    sub = _SUBTREES[key]
+    return sub, drafts[:, : sub.size]
+
+
 def verify(
     target: LlamaModel, tree: TreeBuffers, drafts: torch.Tensor, batch: Batch, aux_layers: tuple[int, ...]
 ) -> tuple[VerifyResult, torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -359,7 +377,10 @@ def decode(
                 drafter.use_model = switch.use_model()
         drafts = propose(drafter if speculating else None, step_tree, batch)
         if speculating:
-            step_tree, drafts = trim_to_drafted(step_tree, drafts, drafter.drafted(), batch, trimmed_trees)
+            step_tree, drafts = scheduled(drafter, step_tree, drafts)  # a prefix of the columns
+            drafted = drafter.drafted()
+            drafted = drafted[:, : step_tree.size] if drafted is not None else None
+            step_tree, drafts = trim_to_drafted(step_tree, drafts, drafted, batch, trimmed_trees)
         res, hidden, aux = verify(target, step_tree, drafts, batch, aux_layers)
         fresh, accepted = commit(drafter, step_tree, batch, drafts, res, hidden, aux)
         wall = time.perf_counter() - t0

@@ -35,7 +35,7 @@ def make_module(kind: str, target: TargetSpec, num_heads: int = 3, rmsnorm: bool
 
 def horizon(kind: str, num_heads: int, unroll: int) -> int:
     """How many tokens past the target's own next token the kind is trained to predict."""
-    return num_heads if recipe(kind).style == "heads" else unroll
+    return num_heads if recipe(kind).style in ("heads", "block") else unroll
 
 
 def save_heads(

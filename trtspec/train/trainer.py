@@ -8,6 +8,8 @@ Alignment (the runtime's, see trtspec/drafters/proposers.py), with a_q the targe
     A kind whose recipe names ``aux_layers`` reads the cached inputs of those target layers, concatenated,
     as step 0's feature instead of h_q (EAGLE-3's fused low/mid/high features); one with ``prepare``
     projects onto its own vocabulary and is trained with a softmax over it (labels outside it ignored).
+  * block drafters: at a random anchor p, block position j (of [x_p, mask...]) is trained towards
+    a_{p+j-1}, the context being the target's aux-layer states before p (trtspec/train/block.py).
 
 Determinism: the batch of step t is a pure function of (seed, t), so a resumed run replays exactly the
 batches an uninterrupted run would see. Checkpoints (head, optimiser, step) are written atomically every
@@ -32,6 +34,8 @@ from torch import nn
 from trtspec.dtypes import resolve_dtype
 from trtspec.errors import UsageError
 from trtspec.spec import TargetSpec
+from trtspec.train.block import BlockLoss, block_batch
+from trtspec.train.block import per_batch as block_per_batch
 from trtspec.train.cache import HiddenCache
 from trtspec.train.heads import make_module, recipe
 from trtspec.train.losses import sparse_ce, targets
@@ -389,10 +393,11 @@ def train(
     torch.manual_seed(cfg.seed)
     lm_dtype = resolve_dtype(cfg.lm_dtype, device).dtype
     embed, lm = shared_weights(target, lm_dtype)
-    remap = None
+    remap = label_ids = None
     if cfg.label_vocab == "cache":
         vocab = cache_vocab(cache)
-        lm = lm[torch.from_numpy(vocab)].contiguous()
+        label_ids = torch.from_numpy(vocab)
+        lm = lm[label_ids].contiguous()
         remap = _Remap(vocab, target.arch.vocab_size)
     module = make_module(cfg.kind, target, cfg.num_heads, cfg.rmsnorm, cfg.seed)
     kind_recipe = recipe(cfg.kind)
@@ -407,13 +412,23 @@ def train(
         remap = _Remap(None, 0, table=table)
     aux_cols = cache.aux_columns(kind_recipe.aux_layers(target)) if kind_recipe.aux_layers is not None else None
     linear = kind_recipe.style == "heads"
+    block = kind_recipe.style == "block"  # a block drafter: many anchors per window, context from aux layers
     want_topk = cfg.soft_weight > 0
+    if want_topk and block:
+        raise UsageError("--soft-weight is not used by block drafters; train them with --soft-weight 0")
     if want_topk and not cache.has_topk:
         raise UsageError("--soft-weight needs a cache built with --topk > 0")
     if linear:
         pos = _Positions(cache, cfg.train_on == "generated")
         universe = len(pos)
         per_batch = cfg.batch_tokens
+    elif block:
+        from trtspec.train.aux_cache import aux_features
+
+        aux = aux_features(cache, target, module.aux_layers, progress=progress and rank == 0)
+        wins = windows(cache, cfg.window)
+        universe = len(wins)
+        per_batch = block_per_batch(cfg.batch_tokens, module.block_size)
     else:
         wins = windows(cache, cfg.window)
         universe = len(wins)
@@ -425,6 +440,8 @@ def train(
     wrapper: nn.Module = (
         LinearLoss(module, lm, cfg)
         if linear
+        else BlockLoss(module, embed, lm, cfg.step_decay, label_ids)
+        if block
         else RecurrentLoss(
             module, embed, lm, cfg, kind_recipe.feature_regression, own_vocab=kind_recipe.prepare is not None
         )
@@ -487,7 +504,7 @@ def train(
         dynamic_ncols=True,
     )
     t0, seen = time.perf_counter(), 0
-    n_sub = cfg.num_heads if linear else cfg.unroll
+    n_sub = cfg.num_heads if linear else module.num_drafts if block else cfg.unroll
     sums = torch.zeros(n_sub)
     cnts = torch.zeros(n_sub)
     completed = start
@@ -500,6 +517,19 @@ def train(
             ids = _slice(ids, rank, world)
             if linear:
                 batch = linear_batch(cache, pos, ids, cfg.num_heads, want_topk)
+            elif block:
+                batch = block_batch(
+                    cache,
+                    aux,
+                    wins,
+                    ids,
+                    module.block_size,
+                    module.num_drafts,
+                    module.mask_token_id,
+                    cfg.seed,
+                    step,
+                    cfg.train_on == "generated",
+                )
             else:
                 batch = recurrent_batch(cache, wins, ids, cfg.unroll, want_topk, cfg.train_on == "generated", aux_cols)
             if remap is not None:

@@ -1,0 +1,289 @@
+"""Block drafters (DFlash layout): the runtime's incremental context equals the trainer's one-shot forward,
+layer-output ids map to the right target states, the public config is validated with clear errors, and
+bfloat16 (packed) decoding stays token-identical to plain greedy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from trtspec.checkpoint.target import load_hf_causal_lm
+from trtspec.demo.tiny import make_tiny_llama
+from trtspec.drafters import registry
+from trtspec.drafters.block_layout import default_layer_ids, mask_token
+from trtspec.errors import CheckpointError, UsageError
+from trtspec.load import load_spec_model
+from trtspec.models.heads import project
+from trtspec.models.llama import build_llama, causal_mask
+from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
+from trtspec.train.block import block_mask
+
+KIND = "dflash"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("block")
+    tdir = make_tiny_llama(root / "target", seed=2, num_hidden_layers=6)
+    target = load_hf_causal_lm(tdir)
+    heads = registry.get(KIND).make_demo(target, root / KIND)
+    return {"root": root, "target_dir": tdir, "target": target, "heads": heads}
+
+
+def _with_config(src: Path, dst: Path, edit) -> Path:
+    """A copy of a drafter directory whose config.json went through ``edit``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    cfg = json.loads((src / "config.json").read_text())
+    edit(cfg)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    (dst / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
+    return dst
+
+
+def test_runtime_context_cache_matches_the_training_forward(tiny):
+    """Observing a sequence in two chunks and proposing at anchor p gives the logits the trainer computes
+    for the same anchor from the whole sequence under its block-sparse mask (with a later anchor in the
+    same forward that must not leak into the first)."""
+    spec = load_spec_model(tiny["target_dir"], tiny["heads"])
+    gen = SpeculativeGenerator(spec)
+    drafter, model = gen.drafter, gen.target
+    m = drafter.module
+    B = m.block_size
+    toks = torch.tensor([[7, 3, 19, 44, 5, 61, 2, 8, 30, 12, 9, 77, 40, 41, 3, 6]])
+    T = toks.shape[1]
+    with torch.no_grad():
+        _, aux = model(toks, torch.arange(T)[None], model.new_cache(1, T), causal_mask(T), drafter.aux_layers)
+    feats = torch.cat(aux, -1)
+    p, q = 9, 13  # two anchors
+    drafter.reset(1, 64)
+    drafter.observe(None, [feats[0, :4]], [toks[0, :4]], [toks[0, 1:5]])
+    drafter.observe(None, [feats[0, 4:p]], [toks[0, 4:p]], [toks[0, 5 : p + 1]])
+    runtime = drafter.block_logits(toks[0, p : p + 1])
+    anchor = torch.tensor([[p, q]])
+    ids = torch.full((1, 2 * B), m.mask_token_id)
+    ids[0, 0], ids[0, B] = toks[0, p], toks[0, q]
+    pos = anchor.repeat_interleave(B, 1) + torch.arange(B).repeat(2)[None]
+    ctx_pos = torch.arange(T)[None]
+    with torch.no_grad():
+        prefix = m.context_kv(feats, ctx_pos)
+        h = m.blocks(
+            model.embed_tokens(ids), pos, prefix, block_mask(anchor, ctx_pos, torch.ones(1, T, dtype=torch.bool), B)
+        )
+    trained = project(h[:, 1:B], model.lm_head.weight).float()
+    assert torch.allclose(runtime, trained, atol=1e-4), (runtime - trained).abs().max()
+    assert not torch.allclose(runtime, project(h[:, B + 1 :], model.lm_head.weight).float(), atol=1e-2)
+
+
+def test_layer_output_ids_read_the_right_target_states(tiny):
+    """target_layer_ids count layer outputs: id i is the residual stream entering layer i+1, and the last
+    layer's id (L-1) is its output before the final norm."""
+    target = tiny["target"]
+    L = target.arch.num_hidden_layers
+    model = build_llama(target.arch, target.tensors)
+    toks = torch.tensor([[4, 9, 1, 33, 7]])
+    with torch.no_grad():
+        final, aux = model(toks, torch.arange(5)[None], model.new_cache(1, 5), causal_mask(5), (L, 0, 3))
+    assert torch.allclose(model.norm(aux[0]), final)
+    assert torch.equal(aux[1], model.embed_tokens(toks))
+    out = _with_config(
+        tiny["heads"], tiny["root"] / "last-layer", lambda c: c["dflash_config"].update(target_layer_ids=[-1, 2, L - 1])
+    )
+    spec = load_spec_model(tiny["target_dir"], out)
+    assert registry.get(KIND).build(spec.drafter, model, torch.float32).aux_layers == (0, 3, L)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda c: c["dflash_config"].pop("mask_token_id"), "lacks mask_token_id"),
+        (lambda c: c.update(num_target_layers=99), "num_target_layers 99"),
+        (lambda c: c["dflash_config"].update(target_layer_ids=[1, 40]), "outside -1..5"),
+        (lambda c: c.update(block_size=1), "block_size 1"),
+        (lambda c: c["dflash_config"].update(mask_token_id=10**6), "mask_token_id 1000000"),
+    ],
+)
+def test_bad_configs_name_the_file_and_the_problem(tiny, edit, message):
+    out = _with_config(tiny["heads"], tiny["root"] / f"bad-{message.split()[0]}", edit)
+    with pytest.raises(CheckpointError, match=message) as err:
+        load_spec_model(tiny["target_dir"], out)
+    assert "config.json" in str(err.value)
+
+
+def test_fields_inside_the_section_and_the_default_chain_tree(tiny):
+    """Qwen3.5-era configs keep block_size inside dflash_config; the default tree is the B-1 chain and a
+    deeper tree is refused."""
+
+    def move(c):
+        c["dflash_config"]["block_size"] = c.pop("block_size")
+
+    out = _with_config(tiny["heads"], tiny["root"] / "sectioned", move)
+    spec = load_spec_model(tiny["target_dir"], out)
+    B = spec.drafter.config["block_size"]
+    assert spec.tree.choices == tuple((0,) * d for d in range(1, B))
+    with pytest.raises(UsageError, match="exceeds"):
+        load_spec_model(tiny["target_dir"], out, tree=f"chain:{B}")
+
+
+def test_bfloat16_packed_decoding_is_token_identical(tiny):
+    spec = load_spec_model(tiny["target_dir"], tiny["heads"], tree="[[0],[1],[0,0],[0,0,0]]")
+    gen = SpeculativeGenerator(spec, dtype=torch.bfloat16)
+    prompts = [[5, 9, 17, 3], [60, 61, 62, 63, 64, 65, 66]]
+    plain = gen.generate(prompts, GenerationConfig(max_new_tokens=16, speculative=False))
+    spec_run = gen.generate(prompts, GenerationConfig(max_new_tokens=16))
+    assert spec_run.tokens == plain.tokens
+
+
+def test_layer_ids_follow_the_public_spacing_rule():
+    assert default_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # the Qwen3-8B drafts' ids
+    assert default_layer_ids(30, 1) == [15]
+    assert default_layer_ids(4, 3) == [2]
+
+
+def test_smollm2_mask_token_is_an_unused_special_token(smollm2):
+    """SmolLM2 has no spare vocabulary row: the mask is its highest special token that the chat template
+    and bos/eos/pad/unk never use."""
+    assert mask_token(load_hf_causal_lm(smollm2)) == (16, "<empty_output>")
+
+
+@pytest.fixture(scope="module")
+def spark(tiny) -> Path:
+    return registry.get("dspark").make_demo(tiny["target"], tiny["root"] / "dspark")
+
+
+def test_markov_bias_follows_each_parent(tiny, spark):
+    """Depth-2 nodes under different parents take the top-1 of (block logits + Markov bias of their own
+    parent), so the block is semi-autoregressive."""
+    spec = load_spec_model(tiny["target_dir"], spark, tree="[[0],[1],[0,0],[1,0]]")
+    gen = SpeculativeGenerator(spec)
+    d = gen.drafter
+    prompt = torch.tensor([5, 9, 17, 3, 44])
+    with torch.no_grad():
+        _, aux = gen.target(
+            prompt[None], torch.arange(5)[None], gen.target.new_cache(1, 5), causal_mask(5), d.aux_layers
+        )
+        d.reset(1, 32)
+        d.observe(None, [torch.cat(aux, -1)[0]], [prompt], [prompt])
+        root = torch.tensor([7])
+        tokens = d.propose(gen.tree, root)
+        logits = d.block_logits(root)
+        head = d.module.markov_head
+        first = (logits[0, 0] + head(root)[0]).topk(2).indices
+        assert tokens[0, 1:3].tolist() == first.tolist()
+        for node, parent in ((3, 1), (4, 2)):
+            expect = (logits[0, 1] + head(tokens[0, parent : parent + 1])[0]).argmax()
+            assert int(tokens[0, node]) == int(expect)
+
+
+@pytest.mark.parametrize(("min_survival", "depth"), [(0.0, 3), (0.999, 1)])
+def test_confidence_schedules_how_deep_to_verify(tiny, spark, min_survival, depth):
+    """The loop verifies only as deep as the predicted survival allows (all of the chain at threshold 0,
+    one draft when no request's chain is that sure), and the output stays plain greedy's."""
+    out = _with_config(
+        spark, tiny["root"] / f"spark-{min_survival}", lambda c: c.update(trtspec_min_survival=min_survival)
+    )
+    spec = load_spec_model(tiny["target_dir"], out)
+    assert spec.tree.depth == 3
+    gen = SpeculativeGenerator(spec)
+    prompts = [[5, 9, 17, 3], [60, 61, 62, 63, 64, 65, 66]]
+    plain = gen.generate(prompts, GenerationConfig(max_new_tokens=12, speculative=False))
+    run = gen.generate(prompts, GenerationConfig(max_new_tokens=12))
+    assert run.tokens == plain.tokens
+    assert run.metrics.draft_tokens == run.metrics.sequence_steps * depth
+
+
+def test_each_request_asks_its_own_depth_and_the_batch_verifies_the_deepest(tiny, spark):
+    gen = SpeculativeGenerator(load_spec_model(tiny["target_dir"], spark))
+    d = gen.drafter
+    d.min_survival = 0.5
+    d.survival = torch.tensor([[0.9, 0.6, 0.2], [0.4, 0.1, 0.05]])  # request 0: depth 2, request 1: none
+    assert d.verify_depth(gen.tree) == 2
+    d.survival = torch.tensor([[0.3, 0.1, 0.0], [0.4, 0.1, 0.05]])
+    assert d.verify_depth(gen.tree) == 1  # always at least one draft
+
+
+def test_training_batches_align_with_serving(tiny, tmp_path):
+    """The aux side file holds the target's states at the drafter's layers for every cached position, and
+    a block batch puts draft i of anchor p on the target's choice for position p+i+1 (a_{p+i}), with
+    x_{p+i} as the token before it, the context being the positions before p only."""
+    import numpy as np
+
+    from trtspec.train.aux_cache import aux_features
+    from trtspec.train.block import block_batch
+    from trtspec.train.cache import HiddenCache, build_cache
+    from trtspec.train.trainer import windows
+
+    target = tiny["target"]
+    items = [[5, 9, 17, 3], [60, 61, 62, 63, 64], [2, 40, 2]]
+    build_cache(target, items, tmp_path / "cache", gen_tokens=10, batch_size=2, progress=False)
+    cache = HiddenCache(tmp_path / "cache")
+    layers = (1, target.arch.num_hidden_layers)
+    aux = aux_features(cache, target, layers, progress=False)
+    model = build_llama(target.arch, target.tensors)
+    si, a, n = cache.sequences[1]
+    toks = torch.from_numpy(np.asarray(cache.sequence(1)["tokens"], dtype=np.int64))[None]
+    with torch.no_grad():
+        _, ref = model(toks, torch.arange(n)[None], model.new_cache(1, n), causal_mask(n), layers)
+    got = torch.from_numpy(np.asarray(aux[si][a : a + n], dtype=np.float32))
+    assert torch.allclose(got, torch.cat(ref, -1)[0], atol=2e-2)
+    wins = windows(cache, 512)
+    batch = block_batch(cache, aux, wins, np.array([1]), 4, 4, 95, seed=0, step=0)
+    seq = cache.sequence(wins[1][0])
+    plen = cache.prompt_lengths[wins[1][0]]
+    for k, p in enumerate(batch["anchor"][0].tolist()):
+        if p < 0:
+            continue
+        assert p >= plen  # anchors lie in the target's reply
+        assert int(batch["tokens"][0, 4 * k]) == int(seq["tokens"][p])
+        assert (batch["tokens"][0, 4 * k + 1 : 4 * k + 4] == 95).all()
+        for i in range(4):
+            lab = int(batch["labels"][0, k, i])
+            assert lab == (int(seq["argmax"][p + i]) if p + i < len(seq["tokens"]) else -1)
+            if lab >= 0:
+                assert int(batch["prev"][0, k, i]) == int(seq["tokens"][p + i])
+
+
+def test_cli_trains_a_block_drafter_and_refuses_soft_labels(tmp_path):
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+    from trtspec.demo.tokenizer import write_char_tokenizer
+
+    tdir = make_tiny_llama(tmp_path / "target", seed=0, vocab_size=128, num_hidden_layers=3)
+    write_char_tokenizer(tdir, 128)
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        "".join(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"}]}) + "\n" for i in range(8))
+    )
+    args = ["train-heads", "-t", str(tdir), "-k", KIND, "-d", str(data), "--gen-tokens", "12", "--steps", "3"]
+    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "h"), "--num-heads", "5", "--batch-tokens", "64"])
+    assert r.exit_code == 0, r.output
+    spec = load_spec_model(tdir, tmp_path / "h")
+    assert spec.drafter.kind == KIND and spec.drafter.config["block_size"] == 6 and spec.tree.depth == 5
+    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "s"), "--topk", "4", "--soft-weight", "0.3"])
+    assert r.exit_code == 2 and "error:" in r.output and "--soft-weight" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_block_training_resumes_bit_identically(tiny, tmp_path):
+    """Anchors are drawn from (seed, step): an interrupted run resumed from its checkpoint sees the same
+    batches and ends with the same weights as an uninterrupted one."""
+    from trtspec.train.cache import HiddenCache, build_cache
+    from trtspec.train.trainer import TrainConfig, train
+
+    target = tiny["target"]
+    items = [[5, 9, 17, 3], [60, 61, 62, 63, 64], [2, 40, 2], [7, 7, 8]]
+    build_cache(target, items, tmp_path / "cache", gen_tokens=12, batch_size=2, progress=False)
+    cache = HiddenCache(tmp_path / "cache")
+
+    def cfg() -> TrainConfig:
+        return TrainConfig(kind=KIND, num_heads=3, steps=6, batch_tokens=64, lm_dtype="float32", ckpt_every=0)
+
+    full, r_full = train(target, cache, cfg(), progress=False)
+    train(target, cache, cfg(), ckpt_dir=tmp_path / "ck", progress=False, stop_after=3)
+    resumed, r_res = train(target, cache, cfg(), ckpt_dir=tmp_path / "ck", resume=True, progress=False)
+    assert r_res.losses == r_full.losses
+    for (n, a), (_, b) in zip(full.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), n
