@@ -68,6 +68,7 @@ class StepInfo:
 
     batch_size: int
     draft_nodes: int
+    draft_depth: int
     wall_s: float
 
 
@@ -232,5 +233,5 @@ class InflightBatcher:
             out.append(SlotOutput(s, new, res.accepted_len[i], tree.num_nodes, slot.done))
         wall = time.perf_counter() - t0
         self.policy.record(list(res.accepted_len), wall)
-        self.last_step = StepInfo(len(live), tree.num_nodes, wall)
+        self.last_step = StepInfo(len(live), tree.num_nodes, tree.max_depth, wall)
         return out

@@ -207,12 +207,13 @@ class ReferenceBackend:
         schedule: dict[int, int] | None = None,
         max_seq_len: int | None = None,
         on_step: Callable | None = None,
-        on_finish: Callable[[Reply], None] | None = None,
+        on_finish: Callable[[Reply, str], None] | None = None,
     ):
         """``max_batch_size`` requests are in flight at most (KV-cache slots); more wait in the queue.
         ``schedule`` is the draft-depth table per batch size (runtime.batch_policy); ``max_seq_len`` the
         longest prompt + max_tokens a request may ask for. ``on_step(StepInfo, outputs)`` and
-        ``on_finish(final Reply)`` are called on the worker thread (Prometheus metrics in model.py)."""
+        ``on_finish(final Reply, reason)`` (reason: finished, cancelled or failed) are called on the worker
+        thread (Prometheus metrics in model.py)."""
         from trtspec.runtime.inflight import InflightBatcher
 
         self.gen = generator
@@ -269,6 +270,11 @@ class ReferenceBackend:
             return "the prompt is empty: send at least one token"
         if req.max_new_tokens <= 0:
             return f"max_tokens must be >= 1, got {req.max_new_tokens}"
+        if self.max_seq_len and len(req.prompt) >= self.max_seq_len:
+            return (
+                f"the prompt ({len(req.prompt)} tokens) does not fit max_seq_len {self.max_seq_len}: "
+                f"shorten it to at most {self.max_seq_len - 1} tokens"
+            )
         if self.max_seq_len and len(req.prompt) + req.max_new_tokens > self.max_seq_len:
             return (
                 f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_new_tokens}) exceeds max_seq_len "
@@ -314,14 +320,14 @@ class ReferenceBackend:
             if self._live:
                 self._step()
 
-    def _finish(self, slot: int, lv: _Live, reply: Reply) -> None:
+    def _finish(self, slot: int, lv: _Live, reply: Reply, reason: str = "finished") -> None:
         self.engine.release(slot)
         self._live.pop(slot, None)
         lv.done = True
         _safe_emit(lv.req, reply)
         if self.on_finish is not None:
             try:
-                self.on_finish(reply)
+                self.on_finish(reply, reason)
             except Exception:
                 pass
 
@@ -336,7 +342,7 @@ class ReferenceBackend:
         self._waiting = kept
         for slot, lv in list(self._live.items()):
             if _is_cancelled(lv.req):
-                self._finish(slot, lv, lv.reply([], True))
+                self._finish(slot, lv, lv.reply([], True), "cancelled")
 
     def _admit(self) -> None:
         n = min(self.engine.free, len(self._waiting))
@@ -365,14 +371,15 @@ class ReferenceBackend:
             try:
                 lv.req.emit(lv.reply(kept, False))
             except Exception:  # the client went away mid-stream: free its slot now
-                self._finish(slot, lv, lv.reply([], True))
+                self._finish(slot, lv, lv.reply([], True), "cancelled")
 
     def _step(self) -> None:
         try:
             outs = self.engine.step()
         except Exception as exc:  # a failing step answers the requests in it; the worker keeps serving
             for slot, lv in list(self._live.items()):
-                self._finish(slot, lv, lv.reply([], True, error=f"generation failed: {exc.__class__.__name__}: {exc}"))
+                error = f"generation failed: {exc.__class__.__name__}: {exc}"
+                self._finish(slot, lv, lv.reply([], True, error=error), "failed")
             return
         self.steps_run += 1
         if self.on_step is not None and self.engine.last_step is not None:
