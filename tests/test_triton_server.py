@@ -13,6 +13,7 @@ import signal
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from triton_support import PROMPTS, Oracle, make_model
@@ -234,6 +235,23 @@ def test_client_cli(server, oracle):
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.output.splitlines() if ln.startswith("concurrency")]
     assert len(lines) == 2 and all("(0 errors)" in ln and "TTFT p50" in ln for ln in lines)
+    out = server.log_path.parent if server.log_path else Path(".")
+    res = r.invoke(
+        main,
+        ["client", "bench", "--url", server.http_url, "--plain-url", server.http_url, "-c", "1", "-c", "2"]
+        + ["-n", "2", "--max-tokens", "4", "--json-out", str(out / "sweep.json"), "--plot", str(out / "sweep.png")],
+    )
+    assert res.exit_code == 0, res.output
+    rows = json.loads((out / "sweep.json").read_text())
+    assert [(r["label"], r["concurrency"]) for r in rows] == [
+        ("speculative", 1),
+        ("plain", 1),
+        ("speculative", 2),
+        ("plain", 2),
+    ]
+    assert all(r["errors"] == 0 and r["output_tokens_per_s"] > 0 for r in rows)
+    assert "concurrency 2: speculative / plain tokens/s =" in res.output
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     res = r.invoke(main, ["client", "generate", "--url", server.http_url, "--max-tokens", "0", "hi"])
     assert res.exit_code == 2 and "max_tokens must be >= 1" in res.output
 
@@ -540,3 +558,27 @@ def test_faults_mixed_into_32_concurrent_streams(server, oracle):
     assert m[f"trtspec_requests_in_flight{M}"] == 0
     assert m[f"trtspec_requests_total{cancelled}"] - cancelled0 == 1
     assert HttpClient(server.http_url).generate("abc", GenerateParams(max_tokens=6)).text == oracle.text("abc", 6)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_per_request_acceptance_comes_with_the_response(server, oracle, protocol):
+    """tensorrt_llm_bls passes on the reference runtime's per-request steps and acceptance histogram: tokens
+    per step and per-position acceptance of this request, not a server-wide average."""
+    from trtspec.client.common import per_position_acceptance
+
+    client = (
+        HttpClient(server.http_url, "tensorrt_llm_bls")
+        if protocol == "http"
+        else GrpcClient(server.grpc_url, "tensorrt_llm_bls")
+    )
+    res = client.generate_stream(PROMPTS[6], GenerateParams(max_tokens=24))
+    assert res.text == oracle.text(PROMPTS[6], 24)
+    m = res.metrics
+    hist, steps = m["trtspec_acceptance_histogram"], m["trtspec_target_steps"]
+    assert sum(hist) == steps > 0
+    assert sum(a * n for a, n in enumerate(hist)) == m["total_accepted_draft_tokens"]
+    assert res.mean_acceptance_length(None) == pytest.approx(1 + m["total_accepted_draft_tokens"] / steps)
+    pos = per_position_acceptance(hist)
+    assert all(1 >= a >= b >= 0 for a, b in zip(pos, pos[1:]))
+    if protocol == "grpc":
+        client.close()

@@ -293,6 +293,10 @@ class TritonPythonModel:
             out += [pb_utils.Tensor(k, np.array([[v]], np.int32)) for k, v in i32.items()]
             out += [pb_utils.Tensor(k, np.array([[v]], np.int64)) for k, v in i64.items()]
             out.append(pb_utils.Tensor("acceptance_rate", np.array([[reply.acceptance_rate]], np.float32)))
+            # per request: tokens per step = 1 + accepted / steps; per-position acceptance from the histogram
+            out.append(pb_utils.Tensor("trtspec_target_steps", np.array([[reply.target_steps]], np.int32)))
+            hist = reply.acceptance_histogram or [0]
+            out.append(pb_utils.Tensor("trtspec_acceptance_histogram", np.array([hist], np.int32)))
         if state["n_in"]:
             out.append(pb_utils.Tensor("num_input_tokens", np.array([[len(state["prompt"])]], np.int32)))
         if state["n_out"]:
