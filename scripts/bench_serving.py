@@ -34,11 +34,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def offline(spec, tok, prompts, max_tokens, speculative) -> dict:
+def offline(spec, tok, prompts, max_tokens, speculative, dtype=None) -> dict:
     """Batch-1 offline generation of every prompt (EOS ignored): mean latency, tokens/s, acceptance length."""
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 
-    gen = SpeculativeGenerator(spec)
+    gen = SpeculativeGenerator(spec, dtype=dtype)
     cfg = GenerationConfig(max_new_tokens=max_tokens, eos_token_id=None, speculative=speculative)
     gen.generate([tok.encode(prompts[0])], cfg)  # warm-up
     lat, toks, acc, steps = [], 0, 0, 0
@@ -85,6 +85,9 @@ def main() -> int:
     ap.add_argument("--adaptive", action="store_true", help="served adaptive speculation (triton emit --adaptive)")
     ap.add_argument("--draft-len-schedule", default=None, help="draft depth per batch size, e.g. 1:3,4:2")
     ap.add_argument("--plot", type=Path, default=None, help="PNG of tokens/s, TTFT and ITL against concurrency")
+    ap.add_argument(
+        "--dtype", default="auto", help="served dtype (auto: bfloat16 where the CPU has it natively, as serve does)"
+    )
     args = ap.parse_args()
     if not (args.target / "config.json").is_file():
         sys.exit(f"error: {args.target}: no model (run scripts/prepare_smollm2.py first)")
@@ -124,10 +127,14 @@ def main() -> int:
     from trtspec.client.sweep import SWEEP, ratios, run_sweep
 
     concurrency = SWEEP if args.sweep else tuple(args.concurrency)
+    from trtspec.dtypes import resolve_dtype
+
+    served_dtype = resolve_dtype(args.dtype, "cpu").dtype  # what the servers will run in (auto: this CPU's)
+    print(f"served dtype: {served_dtype}")
     off: dict[str, dict] = {}
     servers = {}
     for label, speculative in (("speculative", True), ("plain", False)):
-        opts = {"speculative": speculative, "device": "cpu", "max_batch_size": args.max_batch_size}
+        opts = {"speculative": speculative, "device": "cpu", "max_batch_size": args.max_batch_size, "dtype": args.dtype}
         if args.torch_threads:
             opts["torch_threads"] = args.torch_threads
         if speculative and args.adaptive:
@@ -142,7 +149,7 @@ def main() -> int:
         for label in servers:
             # the offline reference runtime on the same prompts, batch 1, EOS ignored like the served runs;
             # measured now, while the idle servers only hold memory, so that all see the same machine load
-            off[label] = offline(spec, tok, prompts, args.max_tokens, label == "speculative")
+            off[label] = offline(spec, tok, prompts, args.max_tokens, label == "speculative", served_dtype)
         urls = {lb: (srv.grpc_url if args.protocol == "grpc" else srv.http_url) for lb, srv in servers.items()}
         print(f"load average before the sweep: {os.getloadavg()[0]:.1f} (other jobs share this CPU)")
         rows = run_sweep(urls, args.protocol, "ensemble", prompts, concurrency, args.requests, params, 1)

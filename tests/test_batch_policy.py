@@ -49,6 +49,8 @@ def test_batch_aware_policy_cuts_the_tree():
     assert p.choose(3).choices == cut_tree(TREE, 1).choices == ((0,), (1,))
     assert p.choose(5).num_nodes == 0
     assert p.table() == {1: 3, 4: 1}
+    plain = BatchAwareSpeculation(build_tree(()), {1: 3, 4: 1})  # speculation off, the table still set
+    assert plain.choose(1).num_nodes == 0 and plain.choose(8).num_nodes == 0
 
 
 def test_adaptive_buckets_measure_separately():

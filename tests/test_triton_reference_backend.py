@@ -69,7 +69,8 @@ def test_batched_requests_match_batch_one(oracle):
 
 
 def test_plain_mode_and_stop_sequences(oracle):
-    backend = ReferenceBackend(oracle.gen, speculative=False)
+    # the table model.py passes a plain repository (its heads are loaded, speculation is off)
+    backend = ReferenceBackend(oracle.gen, speculative=False, schedule={1: oracle.gen.tree.max_depth, 4: 1})
     try:
         prompt = PROMPTS[1]
         full = list(oracle.tokens(prompt, 16))

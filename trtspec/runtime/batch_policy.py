@@ -97,7 +97,8 @@ class BatchAwareSpeculation:
         self._last: AdaptiveSpeculation | None = None
 
     def choose(self, batch_size: int) -> TreeBuffers:
-        depth = schedule_depth(batch_size, self.schedule, self.full.max_depth)
+        # a table written for a deeper tree (or for speculation that is off) never asks for more than there is
+        depth = min(schedule_depth(batch_size, self.schedule, self.full.max_depth), self.full.max_depth)
         self._last = None
         if depth == 0 or not self.adaptive:
             return self._trees[depth]

@@ -146,7 +146,7 @@ class TritonPythonModel:
         speculative = parse_bool(_param(cfg, "trtspec_speculative", "true"), True)
         adaptive = parse_bool(_param(cfg, "trtspec_adaptive", "false"), False)
         window_ms = float(_param(cfg, "trtspec_batch_window_ms", "0") or 0)
-        depth = self.generator.tree.max_depth if self.generator.drafter is not None else 0
+        depth = self.generator.tree.max_depth if self.generator.drafter is not None and speculative else 0
         schedule_text = _param(cfg, "trtspec_draft_len_schedule")
         schedule = parse_schedule(schedule_text, depth) if schedule_text else default_schedule(depth)
         self.metrics = _Metrics(args.get("model_name", "tensorrt_llm"), depth)
