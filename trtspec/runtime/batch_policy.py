@@ -23,9 +23,11 @@ BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def default_schedule(max_depth: int) -> dict[int, int]:
-    """The default table: the full depth while the batch is small, shallower as it grows, none from 17
-    requests on. Measured with SmolLM2-135M in bfloat16 on a 2-core CPU (scripts/bench_serving.py); a
-    faster machine or a larger target moves the thresholds, so deployments pass their own."""
+    """The default table, a starting point rather than a measurement of every machine: the full depth for
+    one request, at most 2 up to 4 requests, 1 up to 16, none above (where a small CPU is compute-bound and
+    every draft node costs about a token). A drafter's acceptance, a faster machine or a larger target
+    move the thresholds: scripts/bench_batch_policy.py measures the table for a machine and drafter, and
+    deployments pass their own (``triton emit --draft-len-schedule``)."""
     return {k: v for k, v in {1: max_depth, 4: min(max_depth, 2), 16: 1}.items() if max_depth > 0}
 
 

@@ -144,33 +144,47 @@ class InflightBatcher:
         if self.drafter is not None:
             self.drafter.forget(rows)
             aux_cat = torch.cat(aux, -1) if aux else None
-            root_t = torch.tensor(roots, dtype=torch.long)
-            self.drafter.observe(
-                [hidden[b, : lengths[b]] for b in range(B)],
-                [aux_cat[b, : lengths[b]] for b in range(B)] if aux_cat is not None else None,
-                [ids[b, : lengths[b]] for b in range(B)],
-                [torch.cat([ids[b, 1 : lengths[b]], root_t[b : b + 1]]) for b in range(B)],
-                rows=rows,
-            )
         out = []
-        for row, cfg, root in zip(rows, cfgs, roots):
+        for b, (row, cfg, root) in enumerate(zip(rows, cfgs, roots)):
             slot = Slot(cfg, eos_set(cfg.eos_token_id), root, [root])
+            if self.drafter is not None:  # the drafter reads the prompt before this slot's first tree, if any
+                n = int(lengths[b])
+                slot.pending.append(
+                    (
+                        hidden[b, :n],
+                        aux_cat[b, :n] if aux_cat is not None else None,
+                        ids[b, :n],
+                        torch.cat([ids[b, 1:n], torch.tensor([root])]),
+                    )
+                )
             self.slots[row] = slot
             out.append(SlotOutput(row, [root], None, 0, slot.done))
         return out
 
     # one step over every live slot --------------------------------------------------------------
     def _observe_pending(self, live: list[int]) -> None:
-        """Hand the drafter what the target committed since it last looked, for the rows that have any."""
-        rows = [s for s in live if self.slots[s].pending]
-        if not rows:
-            return
-        parts: list[list] = [[], [], [], []]
-        for s in rows:
+        """Hand the drafter what the target committed since it last looked (a prompt, the steps since its
+        last tree), for the rows that have any. Nothing is observed while no tree is drafted: a plain step
+        (large batch, or speculation that does not pay) costs the drafter nothing. Rows are observed in
+        groups of similar length, so one row's long prompt does not pad every other row's few tokens."""
+        pending: list[tuple[int, list]] = []
+        for s in live:
             chunks, self.slots[s].pending = self.slots[s].pending, []
-            for i in range(4):
-                parts[i].append(None if chunks[0][i] is None else torch.cat([c[i] for c in chunks]))
-        self.drafter.observe(parts[0], None if parts[1][0] is None else parts[1], parts[2], parts[3], rows=rows)
+            if chunks:
+                joined = [None if chunks[0][i] is None else torch.cat([c[i] for c in chunks]) for i in range(4)]
+                pending.append((s, joined))
+        pending.sort(key=lambda item: item[1][2].shape[0])
+        groups: list[list[tuple[int, list]]] = []
+        for item in pending:
+            n = item[1][2].shape[0]
+            if groups and n <= 2 * groups[-1][0][1][2].shape[0] + 8:
+                groups[-1].append(item)
+            else:
+                groups.append([item])
+        for group in groups:
+            rows = [s for s, _ in group]
+            parts = [[p[i] for _, p in group] for i in range(4)]
+            self.drafter.observe(parts[0], None if parts[1][0] is None else parts[1], parts[2], parts[3], rows=rows)
 
     def _verify(self, tree: TreeBuffers, drafts: torch.Tensor, logits: torch.Tensor, live: list[int]) -> VerifyResult:
         """Each row verified with its own request's settings: greedy rows together, sampled rows one by one
