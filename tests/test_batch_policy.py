@@ -65,3 +65,23 @@ def test_adaptive_buckets_measure_separately():
         t = p.choose(1)
         p.record([t.max_depth], 0.010 + 0.0001 * t.num_nodes)
     assert p.choose(1).num_nodes > 0
+
+
+def test_buckets_share_acceptance_so_a_new_bucket_does_not_explore():
+    p = BatchAwareSpeculation(TREE, {}, adaptive=True)
+    for _ in range(30):  # batch 1 learns that nothing is accepted
+        t = p.choose(1)
+        p.record([0], 0.010 + 0.004 * t.num_nodes)
+    spec_steps = 0
+    for _ in range(12):  # a new bucket: no exploration, and it probes as rarely as bucket 1 learnt to
+        t = p.choose(16)
+        spec_steps += t.num_nodes > 0
+        p.record([0] * 16, 0.040 + 0.02 * t.num_nodes)
+    assert spec_steps == 0
+    fresh = BatchAwareSpeculation(TREE, {}, adaptive=True)  # without the shared estimates it explores
+    explored = 0
+    for _ in range(12):
+        t = fresh.choose(16)
+        explored += t.num_nodes > 0
+        fresh.record([0] * 16, 0.040 + 0.02 * t.num_nodes)
+    assert explored >= 2

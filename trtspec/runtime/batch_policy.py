@@ -97,6 +97,11 @@ class BatchAwareSpeculation:
         self._trees = {d: cut_tree(full, d) for d in range(full.max_depth + 1)}
         self._policies: dict[tuple[int, int], AdaptiveSpeculation] = {}
         self._last: AdaptiveSpeculation | None = None
+        # acceptance is the drafter's and the text's, not the batch size's: every bucket reads and updates
+        # the same per-depth estimates (only step times are measured per bucket), so a bucket that probes
+        # informs all others and a new bucket skips exploration once acceptance has been measured
+        self._accept = [AdaptiveSpeculation.prior_accept**d for d in range(1, full.max_depth + 1)]
+        self._seen = [0] * full.max_depth
 
     def choose(self, batch_size: int) -> TreeBuffers:
         # a table written for a deeper tree (or for speculation that is off) never asks for more than there is
@@ -106,7 +111,12 @@ class BatchAwareSpeculation:
             return self._trees[depth]
         key = (bucket(batch_size), depth)
         if key not in self._policies:
-            self._policies[key] = AdaptiveSpeculation(self._trees[depth])
+            policy = AdaptiveSpeculation(self._trees[depth])
+            policy.accept, policy.seen = self._accept, self._seen  # shared (updated in place by record)
+            if self._seen[0]:  # acceptance is known: no exploration, and probe as rarely as the others do
+                policy._explored = policy.explore_steps
+                policy._interval = max((p._interval for p in self._policies.values()), default=policy.probe_every)
+            self._policies[key] = policy
         self._last = self._policies[key]
         return self._last.choose()
 
