@@ -30,6 +30,10 @@ class Drafter(Protocol):
     ``reset`` before a batch; ``observe`` what the target just committed (its hidden states at the kept
     positions, the aux layers' states if the kind asked for them, the tokens fed and the tokens that
     follow them); ``propose`` a tree of token ids [B, tree.size] (column 0 = the root) from that state.
+
+    In-flight batching (runtime.inflight) resets once for every slot, ``forget``s the slots a new request
+    takes, and passes ``rows`` (the slots the B sequences live in) to ``observe`` and ``propose``; None
+    means rows 0..B-1, the oracle loop's batch.
     """
 
     aux_layers: tuple[int, ...]
@@ -38,15 +42,18 @@ class Drafter(Protocol):
 
     def reset(self, batch: int, capacity: int) -> None: ...
 
+    def forget(self, rows: list[int]) -> None: ...
+
     def observe(
         self,
         hidden: list[torch.Tensor],
         aux: list[torch.Tensor] | None,
         tokens_in: list[torch.Tensor],
         tokens_next: list[torch.Tensor],
+        rows: list[int] | None = None,
     ) -> None: ...
 
-    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor: ...
+    def propose(self, tree: TreeBuffers, root: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor: ...
 
     def pack(self, target_projection: nn.Module) -> None: ...
 
