@@ -30,6 +30,7 @@ from trtspec.drafters.proposers import pad_rows
 from trtspec.models.llama import KVCache, LlamaModel, build_llama, causal_mask
 from trtspec.models.packed import pack_if_bf16
 from trtspec.runtime.adaptive import AdaptiveSpeculation, SourceChoice
+from trtspec.runtime.ops import verify_greedy_op
 from trtspec.runtime.verify import VerifyResult, process_logits, verify_greedy, verify_sampling
 from trtspec.spec import SpecModel
 from trtspec.tree import TreeBuffers, build_tree
@@ -47,6 +48,9 @@ class GenerationConfig:
     #: choose each step's tree (down to none) from measured step costs and acceptance (runtime.adaptive);
     #: off by default here so the oracle's step count is a function of its inputs alone
     adaptive: bool = False
+    #: greedy verification through the torch operator ``trtspec::tree_verify`` (runtime.ops) instead of
+    #: verify.py's loop: the path the PyTorch backend and the CUDA kernels take; same tokens
+    kernel_ops: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -285,7 +289,8 @@ def verify(
     logits = target.logits(hidden)
     cfg = batch.cfg
     if cfg.greedy:
-        return verify_greedy(tree, drafts, logits.argmax(-1)), hidden, aux
+        walk = verify_greedy_op if cfg.kernel_ops else verify_greedy
+        return walk(tree, drafts, logits.argmax(-1)), hidden, aux
     probs = process_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
     return verify_sampling(tree, drafts, probs, seed=cfg.seed * 1_000_003 + batch.steps), hidden, aux
 
