@@ -126,14 +126,14 @@ def test_trim_keeps_only_drafted_nodes_down_to_a_plain_step():
     drafts = torch.tensor([[9, 1, 2, 3, 4], [9, 5, 6, 7, 8]])
     batch = Batch(None, torch.tensor([9, 9]), [[], []], [False, False], frozenset(), GenerationConfig())
     drafted = torch.tensor([[1, 1, 0, 1, 0], [1, 1, 0, 0, 0]], dtype=torch.bool)
-    cut, cols = trim_to_drafted(tree, drafts, drafted, batch, {})
+    cut, cols = trim_to_drafted(tree, drafts, drafted, batch.done, {})
     assert cut.choices == ((0,), (0, 0)) and cols.tolist() == [[9, 1, 3], [9, 5, 7]]
     batch.done[0] = True  # a finished sequence's drafts do not count
-    cut, cols = trim_to_drafted(tree, drafts, drafted, batch, {})
+    cut, cols = trim_to_drafted(tree, drafts, drafted, batch.done, {})
     assert cut.choices == ((0,),) and cols.tolist() == [[9, 1], [9, 5]]
-    cut, cols = trim_to_drafted(tree, drafts, torch.zeros_like(drafted), batch, {})
+    cut, cols = trim_to_drafted(tree, drafts, torch.zeros_like(drafted), batch.done, {})
     assert cut.num_nodes == 0 and cols.shape == (2, 1)
-    assert trim_to_drafted(tree, drafts, None, batch, {})[0] is tree
+    assert trim_to_drafted(tree, drafts, None, batch.done, {})[0] is tree
 
 
 def test_engine_refusal_matches_trtllm_build_modes():

@@ -9,7 +9,8 @@ better. Both fill the same static tree. The choice per sequence compares measure
 
 ``model_gain``: moving average of the model's accepted tokens per step; ``free_ratio``: moving average
 of accepted / drafted depth for model-free proposals. Both are measured here from what the target
-committed. ``use_model`` is the loop's switch (runtime.adaptive.SourceChoice): off, the model drafter
+committed, per sequence: in a batch, or in-flight beside other requests, a sequence drafts what it
+would alone. ``use_model`` is the loop's switch (runtime.adaptive.SourceChoice): off, the model drafter
 neither proposes nor observes (its observations wait and are fed in one call when it is switched on).
 """
 
@@ -43,19 +44,26 @@ def accepted_along(tree: TreeBuffers, tokens: list[int], drafted: list[bool], co
 
 
 def _join(chunks: list[tuple]) -> tuple:
-    """Several observations as one, per sequence (the model drafter catches up in one call)."""
+    """Several observations of one sequence as one (the model drafter catches up in one call)."""
     if len(chunks) == 1:
         return chunks[0]
-    B = len(chunks[0][3])
+    return tuple(None if chunks[0][i] is None else torch.cat([c[i] for c in chunks]) for i in range(4))
 
-    def cat(i: int):
-        return None if chunks[0][i] is None else [torch.cat([c[i][b] for c in chunks]) for b in range(B)]
 
-    return cat(0), cat(1), cat(2), cat(3)
+def _slots(rows: list[int] | None, batch: int) -> list[int]:
+    """The slots a call's B sequences live in (``rows``, or 0..B-1 in the oracle loop)."""
+    return list(range(batch)) if rows is None else list(rows)
+
+
+def _ema(old: float, new: float, alpha: float) -> float:
+    return (1 - alpha) * old + alpha * new
 
 
 class CombinedDrafter:
-    """The Drafter protocol over a model drafter and a model-free one (see the module docstring)."""
+    """The Drafter protocol over a model drafter and a model-free one (see the module docstring).
+
+    Everything it measures is per sequence (slot): a sequence's choice depends on its own text alone, so
+    it drafts what it would draft in a batch of one, and a slot that takes a new request starts over."""
 
     def __init__(self, model: Drafter, free: Drafter, alpha: float = 0.3, prior_gain: float = 1.0):
         self.model, self.free, self.alpha = model, free, alpha
@@ -70,55 +78,79 @@ class CombinedDrafter:
         if batch:
             self.model.reset(batch, capacity)
             self.free.reset(batch, capacity)
-        self.model_gain, self.free_ratio = self.prior_gain, 0.5
-        self._pending: list[tuple] = []
+        self.batch = batch
+        #: per slot: moving averages of the model's accepted tokens and of model-free accepted / drafted depth
+        self.gains = [self.prior_gain] * batch
+        self.ratios = [0.5] * batch
+        #: per slot: per-sequence observations (hidden, aux, tokens_in, tokens_next) the model has not seen
+        self._pending: dict[int, list[tuple]] = {}
         self._drafted: torch.Tensor | None = None
-        self._last: tuple | None = None  # (tree, tokens, drafted, from model-free) of the last proposal
+        #: per slot: (tree, tokens, drafted, source) of its last proposal, scored by its next observation
+        self._last: dict[int, tuple] = {}
 
-    def observe(self, hidden, aux, tokens_in, tokens_next) -> None:
-        self._score(tokens_next)
-        self.free.observe(hidden, aux, tokens_in, tokens_next)
-        self._pending.append((hidden, aux, tokens_in, tokens_next))
+    def forget(self, rows: list[int]) -> None:
+        """Slots ``rows`` start new sequences: both drafters forget them, and so do the measures."""
+        self.model.forget(rows)
+        self.free.forget(rows)
+        for r in rows:
+            self.gains[r], self.ratios[r] = self.prior_gain, 0.5
+            self._pending.pop(r, None)
+            self._last.pop(r, None)
+
+    @property
+    def model_gain(self) -> float:
+        """The model's accepted tokens per step, averaged over the slots (for reports)."""
+        return sum(self.gains) / len(self.gains) if self.gains else self.prior_gain
+
+    @property
+    def free_ratio(self) -> float:
+        """Model-free accepted / drafted depth, averaged over the slots (for reports)."""
+        return sum(self.ratios) / len(self.ratios) if self.ratios else 0.5
+
+    def observe(self, hidden, aux, tokens_in, tokens_next, rows: list[int] | None = None) -> None:
+        slots = _slots(rows, len(tokens_next))
+        self._score(slots, tokens_next)
+        self.free.observe(hidden, aux, tokens_in, tokens_next, rows=rows)
+        for b, s in enumerate(slots):
+            seq = (hidden[b], None if aux is None else aux[b], tokens_in[b], tokens_next[b])
+            self._pending.setdefault(s, []).append(seq)
         if self.use_model:
-            self._catch_up()
+            self._catch_up(slots)
 
-    def _catch_up(self) -> None:
-        if self._pending:
-            chunks, self._pending = self._pending, []
-            self.model.observe(*_join(chunks))
-
-    def _score(self, tokens_next: list[torch.Tensor]) -> None:
-        """Update the two moving averages from what the last proposal got accepted."""
-        if self._last is None:
+    def _catch_up(self, slots: list[int]) -> None:
+        """Feed the model what it missed for ``slots`` (while it was off), in one call."""
+        behind = [s for s in slots if self._pending.get(s)]
+        if not behind:
             return
-        tree, tokens, drafted, sources = self._last
-        self._last = None
-        gains, ratios = [], []
-        for b, nxt in enumerate(tokens_next):
-            if sources[b] is None:
+        seqs = [_join(self._pending.pop(s)) for s in behind]
+        parts = [None if seqs[0][i] is None else [q[i] for q in seqs] for i in range(4)]
+        self.model.observe(*parts, rows=None if behind == list(range(self.batch)) else behind)
+
+    def _score(self, slots: list[int], tokens_next: list[torch.Tensor]) -> None:
+        """Update each slot's moving average from what its last proposal got accepted."""
+        for s, nxt in zip(slots, tokens_next):
+            last = self._last.pop(s, None)
+            if last is None or last[3] is None:
                 continue
-            acc, depth = accepted_along(tree, tokens[b], drafted[b], nxt.tolist())
-            if sources[b] == "model-free":
-                ratios.append(acc / depth)
+            tree, tokens, drafted, source = last
+            acc, depth = accepted_along(tree, tokens, drafted, nxt.tolist())
+            if source == "model-free":
+                self.ratios[s] = _ema(self.ratios[s], acc / depth, self.alpha)
             else:
-                gains.append(acc)
-        a = self.alpha
-        if gains:
-            self.model_gain = (1 - a) * self.model_gain + a * sum(gains) / len(gains)
-        if ratios:
-            self.free_ratio = (1 - a) * self.free_ratio + a * sum(ratios) / len(ratios)
+                self.gains[s] = _ema(self.gains[s], acc, self.alpha)
 
     @torch.no_grad()
-    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
-        tokens = self.free.propose(tree, root)
+    def propose(self, tree: TreeBuffers, root: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+        slots = _slots(rows, root.shape[0])
+        tokens = self.free.propose(tree, root, rows=rows)
         drafted = self.free.drafted()
         if drafted is None:
             drafted = torch.ones_like(tokens, dtype=torch.bool)
         depth = (tree.depths[None, :] * drafted).max(1).values.tolist()
         if self.use_model:
-            self._catch_up()
-            model_tokens = self.model.propose(tree, root)
-            free_rows = [prefer_model_free(d, self.free_ratio, self.model_gain) for d in depth]
+            self._catch_up(slots)
+            model_tokens = self.model.propose(tree, root, rows=rows)
+            free_rows = [prefer_model_free(d, self.ratios[s], self.gains[s]) for d, s in zip(depth, slots)]
             pick = torch.tensor(free_rows)[:, None]
             tokens = torch.where(pick, tokens, model_tokens)
             drafted = torch.where(pick, drafted, torch.ones_like(drafted))
@@ -128,7 +160,9 @@ class CombinedDrafter:
         for s in sources:
             if s is not None:
                 self.chosen[s] += 1
-        self._last = (tree, tokens.tolist(), drafted.tolist(), sources)
+        rows_tokens, rows_drafted = tokens.tolist(), drafted.tolist()
+        for b, s in enumerate(slots):
+            self._last[s] = (tree, rows_tokens[b], rows_drafted[b], sources[b])
         self._drafted = drafted
         return tokens
 

@@ -132,26 +132,37 @@ class MatchDrafter:
         self.index = [TokenIndex(self.max_n) for _ in range(batch)]
         self._drafted = None
 
-    def observe(self, hidden, aux, tokens_in, tokens_next) -> None:
-        """Extend each history with what was committed (the history always ends with the next root)."""
+    def forget(self, rows: list[int]) -> None:
+        """Slots ``rows`` start new sequences (in-flight batching): their histories restart empty, so a
+        request never matches the text of the one that held its slot before."""
+        for r in rows:
+            self.index[r] = TokenIndex(self.max_n)
+
+    def observe(self, hidden, aux, tokens_in, tokens_next, rows: list[int] | None = None) -> None:
+        """Extend each history with what was committed (the history always ends with the next root).
+        ``rows``: the slots these sequences live in; None = rows 0..B-1."""
         for b, nxt in enumerate(tokens_next):
-            idx = self.index[b]
+            idx = self.index[b if rows is None else rows[b]]
             if not idx.tokens:
                 idx.extend([int(tokens_in[b][0])])
             idx.extend([int(t) for t in nxt.tolist()])
 
     def candidates(self, b: int, depth: int) -> tuple[Candidates, int, float]:
+        """Candidates for the sequence in slot ``b`` (see the class docstring)."""
         raise NotImplementedError
 
-    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
-        rows, trust = [], []
-        for b in range(root.shape[0]):
-            cands, depth, min_prob = self.candidates(b, tree.max_depth)
+    def propose(self, tree: TreeBuffers, root: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+        """[B, tree.size] tokens for the sequences in slots ``rows`` (None = rows 0..B-1); ``drafted()``
+        then holds their trust, in the same order."""
+        slots = range(root.shape[0]) if rows is None else rows
+        tokens, trust = [], []
+        for b, slot in enumerate(slots):
+            cands, depth, min_prob = self.candidates(slot, tree.max_depth)
             toks, ok = fill_tree(tree, int(root[b]), cands, depth, min_prob)
-            rows.append(toks)
+            tokens.append(toks)
             trust.append(ok)
         self._drafted = torch.tensor(trust, dtype=torch.bool)
-        return torch.tensor(rows, dtype=torch.long)
+        return torch.tensor(tokens, dtype=torch.long)
 
     def drafted(self) -> torch.Tensor | None:
         return self._drafted

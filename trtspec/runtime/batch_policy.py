@@ -120,9 +120,10 @@ class BatchAwareSpeculation:
         self._last = self._policies[key]
         return self._last.choose()
 
-    def record(self, accepted: list[int], wall_s: float) -> None:
+    def record(self, accepted: list[int], wall_s: float, trimmed: bool = False) -> None:
+        """``trimmed``: the step verified less than the chosen tree (AdaptiveSpeculation.record)."""
         if self._last is not None:
-            self._last.record(accepted, wall_s)
+            self._last.record(accepted, wall_s, trimmed)
 
     def table(self) -> dict[int, int]:
         """The schedule in effect (for manifests and metrics): batch-size threshold -> depth."""

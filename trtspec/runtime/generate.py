@@ -242,15 +242,16 @@ def propose(drafter: Drafter | None, tree: TreeBuffers, batch: Batch) -> torch.T
 
 
 def trim_to_drafted(
-    tree: TreeBuffers, drafts: torch.Tensor, drafted: torch.Tensor | None, batch: Batch, trees: dict
+    tree: TreeBuffers, drafts: torch.Tensor, drafted: torch.Tensor | None, done: list[bool], trees: dict
 ) -> tuple[TreeBuffers, torch.Tensor]:
-    """The step's tree cut to the nodes some live sequence drafted (``Drafter.drafted``), and those
-    columns of the drafts: a model-free drafter that matched little costs the target little, and one
-    that matched nothing costs a plain step. A drafted node's parent is drafted, so the cut is a tree;
-    node order is kept (both trees sort choices the same way). ``trees`` caches the cut trees."""
+    """The step's tree cut to the nodes some live sequence (``done[b]`` False) drafted
+    (``Drafter.drafted``), and those columns of the drafts: a model-free drafter that matched little
+    costs the target little, and one that matched nothing costs a plain step. A drafted node's parent is
+    drafted, so the cut is a tree; node order is kept (both trees sort choices the same way). ``trees``
+    caches the cut trees."""
     if drafted is None:
         return tree, drafts
-    live = torch.tensor([not d for d in batch.done])
+    live = torch.tensor([not d for d in done])
     keep = (drafted[live] if live.any() else drafted).any(0)
     if bool(keep.all()):
         return tree, drafts
@@ -277,6 +278,18 @@ def scheduled(drafter: Drafter, tree: TreeBuffers, drafts: torch.Tensor) -> tupl
         _SUBTREES[key] = build_tree(tuple(c for c in tree.choices if len(c) <= k))
     sub = _SUBTREES[key]
     return sub, drafts[:, : sub.size]
+
+
+def to_verify(
+    drafter: Drafter, tree: TreeBuffers, drafts: torch.Tensor, done: list[bool], trees: dict
+) -> tuple[TreeBuffers, torch.Tensor]:
+    """The part of a proposal the target verifies, shared by the oracle loop and in-flight batching:
+    only as deep as the drafter asks (``scheduled``), then only the nodes some live sequence drafted
+    (``trim_to_drafted``; ``trees`` caches its cut trees). Output is unaffected; the cost is not."""
+    tree, drafts = scheduled(drafter, tree, drafts)  # a prefix of the columns
+    drafted = drafter.drafted()
+    drafted = drafted[:, : tree.size] if drafted is not None else None
+    return trim_to_drafted(tree, drafts, drafted, done, trees)
 
 
 def verify(
@@ -382,10 +395,7 @@ def decode(
                 drafter.use_model = switch.use_model()
         drafts = propose(drafter if speculating else None, step_tree, batch)
         if speculating:
-            step_tree, drafts = scheduled(drafter, step_tree, drafts)  # a prefix of the columns
-            drafted = drafter.drafted()
-            drafted = drafted[:, : step_tree.size] if drafted is not None else None
-            step_tree, drafts = trim_to_drafted(step_tree, drafts, drafted, batch, trimmed_trees)
+            step_tree, drafts = to_verify(drafter, step_tree, drafts, batch.done, trimmed_trees)
         res, hidden, aux = verify(target, step_tree, drafts, batch, aux_layers)
         fresh, accepted = commit(drafter, step_tree, batch, drafts, res, hidden, aux)
         wall = time.perf_counter() - t0

@@ -7,7 +7,9 @@ target KV cache with a row (slot) per request in flight and, between steps,
     admit    -> new requests take the lowest free slots; their prompts are prefilled together (only theirs:
                 nobody else's prefix is recomputed) and the drafter observes them
     step     -> one propose -> verify -> commit over every live slot (models.kv_rows: a view of the live
-                rows), drafts batched across requests, each row verified with its own sampling settings
+                rows), drafts batched across requests, each row verified with its own sampling settings;
+                the target verifies what the oracle loop would (runtime.generate.to_verify: as deep as
+                a confidence-scheduled drafter asks, only the nodes a model-free drafter drafted)
     release  -> a finished or cancelled request frees its slot at once for the next admission
 
 Each request keeps its own limit, eos, sampling config and step counter, so its tokens are what batch-1
@@ -27,7 +29,7 @@ from trtspec.drafters.proposers import pad_rows
 from trtspec.models.kv_rows import KVRows, free_rows
 from trtspec.models.llama import causal_mask
 from trtspec.runtime.batch_policy import BatchAwareSpeculation
-from trtspec.runtime.generate import GenerationConfig, clip_tokens, eos_set, finished, pick_token
+from trtspec.runtime.generate import GenerationConfig, clip_tokens, eos_set, finished, pick_token, to_verify
 from trtspec.runtime.verify import VerifyResult, process_logits, verify_greedy, verify_sampling
 from trtspec.tree import TreeBuffers, build_tree
 
@@ -100,6 +102,7 @@ class InflightBatcher:
         self.policy = BatchAwareSpeculation(tree, schedule, adaptive)
         self.slots: list[Slot | None] = [None] * self.max_slots
         self.last_step: StepInfo | None = None
+        self._cut_trees: dict = {}  # the trees to_verify cut, by (tree, nodes)
 
     # bookkeeping --------------------------------------------------------------------------------
     @property
@@ -212,13 +215,14 @@ class InflightBatcher:
         if not live:
             return []
         t0 = time.perf_counter()
-        tree = self.policy.choose(len(live))
+        chosen = tree = self.policy.choose(len(live))
         speculating = self.drafter is not None and tree.num_nodes > 0
         view = KVRows(self.cache, live)
         roots = torch.tensor([self.slots[s].root for s in live], dtype=torch.long)
         if speculating:
             self._observe_pending(live)
             drafts = self.drafter.propose(tree, roots, rows=live)
+            tree, drafts = to_verify(self.drafter, tree, drafts, [False] * len(live), self._cut_trees)
         else:
             drafts = roots[:, None]
         positions = view.lengths[:, None] + tree.depths[None, :]
@@ -246,6 +250,6 @@ class InflightBatcher:
                 )
             out.append(SlotOutput(s, new, res.accepted_len[i], tree.num_nodes, slot.done))
         wall = time.perf_counter() - t0
-        self.policy.record(list(res.accepted_len), wall)
+        self.policy.record(list(res.accepted_len), wall, trimmed=tree is not chosen)
         self.last_step = StepInfo(len(live), tree.num_nodes, tree.max_depth, wall)
         return out
