@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 import torch
 
 from trtspec.checkpoint.target import load_hf_causal_lm
+from trtspec.drafters import registry
 from trtspec.load import load_spec_model, load_tokenizer
 from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.corpora import SOURCES, corpus_samples, source_samples
@@ -42,6 +43,7 @@ RUNS = {  # name -> (kind, rmsnorm)
     "mtp-single-no-norm": ("mtp-single", False),
     "medusa": ("medusa", False),
     "eagle": ("eagle", False),
+    "eagle3": ("eagle3", False),
     "dflash": ("dflash", True),
     "dspark": ("dspark", True),
 }
@@ -68,6 +70,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--lr-linear", type=float, default=3e-3)
     ap.add_argument("--num-heads", type=int, default=3)
     ap.add_argument("--lr-recurrent", type=float, default=2e-3)
+    ap.add_argument("--eagle3-vocab", type=int, default=8192, help="EAGLE-3's own draft vocabulary size")
     ap.add_argument("--block-drafts", type=int, default=7, help="block drafters: tokens drafted per block")
     ap.add_argument("--epochs-block", type=float, default=2.0, help="epochs for the block drafters")
     ap.add_argument("--lr-block", type=float, default=2e-3)
@@ -123,6 +126,7 @@ def main() -> None:
     target, tok, train_items, calib_items, eval_by_domain = prepare(args)
     t0 = time.perf_counter()
     cache_dir = args.out / "cache"
+    aux = aux_layers_of(args, target)
     build_cache(
         target,
         train_items,
@@ -132,6 +136,7 @@ def main() -> None:
         topk=args.topk,
         batch_size=args.cache_batch,
         dtype=args.dtype,
+        aux_layers=aux,
     )
     cache = HiddenCache(cache_dir, target.fingerprint)
     print(
@@ -183,14 +188,15 @@ def main() -> None:
         kind, rms = RUNS[name]
         heads_dir = args.out / "heads" / name
         info = train_run(args, target, cache, name, kind, rms, heads_dir)
-        if dv is not None:  # written after training so reused heads get the current vocabulary too
+        own_vocab = registry.get(kind).own_draft_vocab
+        if dv is not None and not own_vocab:  # written after training so reused heads get the current vocabulary too
             from trtspec.checkpoint.heads.draft_vocab import save_draft_vocab
 
             save_draft_vocab(heads_dir, dv.ids)
         if args.only == "train":
             continue
         by_vocab = {}
-        for size in vocabs:
+        for size in [0] if own_vocab else vocabs:  # a kind with its own vocabulary drafts over that one
             print(
                 f"{name}: evaluating with {'the full vocabulary' if not size else f'a {size}-token draft vocabulary'}",
                 flush=True,
@@ -253,8 +259,11 @@ def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
     info_path = heads_dir.with_name(name + ".train.json")
     if heads_dir.exists() and info_path.is_file() and not args.retrain:
         return json.loads(info_path.read_text())
+    from trtspec.train.heads import recipe
+
     linear = kind in ("medusa", "mtp-linear")
     block = is_block(kind)
+    own_vocab = recipe(kind).prepare is not None  # trains its own output vocabulary (EAGLE-3's d2t)
     cfg = TrainConfig(
         kind=kind,
         num_heads=args.block_drafts if block else args.num_heads,
@@ -263,7 +272,8 @@ def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
         lr=args.lr_block if block else args.lr_linear if linear else args.lr_recurrent,
         batch_tokens=args.batch_tokens,
         soft_weight=args.soft_weight if cache.has_topk and not block else 0.0,
-        label_vocab="cache",
+        label_vocab="full" if own_vocab else "cache",
+        draft_vocab=args.eagle3_vocab if own_vocab else 0,
         unroll=args.unroll,
         seed=0,
         ckpt_every=0,
@@ -288,6 +298,18 @@ def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
     return info
 
 
+def aux_layers_of(args, target) -> tuple[int, ...]:
+    """The target layers the selected runs read besides the last (cached once, for all of them)."""
+    from trtspec.train.heads import recipe
+
+    layers: set[int] = set()
+    for name in [r for r in args.runs.split(",") if r]:
+        hook = recipe(RUNS[name][0]).aux_layers
+        if hook is not None:
+            layers.update(hook(target))
+    return tuple(sorted(layers))
+
+
 def is_block(kind: str) -> bool:
     """A block drafter (one forward drafts a chain): evaluated on chains, no tree tuning."""
     from trtspec.train.heads import recipe
@@ -309,11 +331,12 @@ def evaluate(args, heads_dir: Path, calib, eval_by_domain: dict, budgets, draft_
     """Tune trees on the calibration cache, measure every tree on every domain (plain interleaved), keep
     the tree with the best mean speedup over the domains, and time adaptive speculation with it. Block
     drafters are measured on chains instead (their drafts do not branch)."""
-    from trtspec.drafters import registry
     from trtspec.runtime.generate import SpeculativeGenerator
+    from trtspec.train.heads import recipe
     from trtspec.train.tune_run import measure_decode, tune_on_cache
 
-    block = is_block(registry.detect(heads_dir))
+    kind = registry.detect(heads_dir)
+    block = is_block(kind) or recipe(kind).aux_layers is not None  # measured on chains (tune-tree cannot)
     spec = load_spec_model(
         args.target, heads_dir, tree=None if block else "chain:1", dtype="float32", draft_vocab=draft_vocab
     )

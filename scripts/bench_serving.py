@@ -8,7 +8,11 @@ runtime on the same prompts, batch 1, to get the overhead of the Triton path.
 
     python scripts/prepare_smollm2.py
     python scripts/bench_serving.py [--target .cache/smollm2] [--heads DIR] [--tree chain:4] \
-        [--concurrency 1 8] [--requests 8] [--max-tokens 32] [--protocol grpc] [--json out.json]
+        [--concurrency 1 8 | --sweep] [--requests 8] [--max-tokens 32] [--protocol grpc] [--json out.json] \
+        [--adaptive] [--draft-len-schedule 1:3,4:2] [--plot out.png]
+
+Both servers run at once and each concurrency level runs speculative, then plain, back to back (`trtspec
+client bench --plain-url`), so a shared machine's drifting load hits both alike.
 
 Without --heads the drafter is an untrained draft model made of the target's first --draft-layers layers.
 """
@@ -30,11 +34,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def offline(spec, tok, prompts, max_tokens, speculative) -> dict:
+def offline(spec, tok, prompts, max_tokens, speculative, dtype=None) -> dict:
     """Batch-1 offline generation of every prompt (EOS ignored): mean latency, tokens/s, acceptance length."""
     from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 
-    gen = SpeculativeGenerator(spec)
+    gen = SpeculativeGenerator(spec, dtype=dtype)
     cfg = GenerationConfig(max_new_tokens=max_tokens, eos_token_id=None, speculative=speculative)
     gen.generate([tok.encode(prompts[0])], cfg)  # warm-up
     lat, toks, acc, steps = [], 0, 0, 0
@@ -76,12 +80,20 @@ def main() -> int:
         help="prompts = the held-out chitchat conversations bench_acceptance.py evaluates on",
     )
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--sweep", action="store_true", help="concurrency 1, 2, 4, 8, 16, 32")
+    ap.add_argument("--max-batch-size", type=int, default=32, help="requests in flight per server")
+    ap.add_argument("--adaptive", action="store_true", help="served adaptive speculation (triton emit --adaptive)")
+    ap.add_argument("--draft-len-schedule", default=None, help="draft depth per batch size, e.g. 1:3,4:2")
+    ap.add_argument("--plot", type=Path, default=None, help="PNG of tokens/s, TTFT and ITL against concurrency")
+    ap.add_argument(
+        "--dtype", default="auto", help="served dtype (auto: bfloat16 where the CPU has it natively, as serve does)"
+    )
     args = ap.parse_args()
     if not (args.target / "config.json").is_file():
         sys.exit(f"error: {args.target}: no model (run scripts/prepare_smollm2.py first)")
 
     from trtspec.checkpoint.target import load_hf_causal_lm
-    from trtspec.client.bench import DEFAULT_PROMPTS, format_summary, run_bench
+    from trtspec.client.bench import DEFAULT_PROMPTS
     from trtspec.client.common import GenerateParams
     from trtspec.load import load_spec_model, load_tokenizer
     from trtspec.triton.emit import emit_repository
@@ -112,37 +124,44 @@ def main() -> int:
         if bad:
             print(f"warning: {bad} chat prompts do not re-tokenize to the same ids")
     params = GenerateParams(max_tokens=args.max_tokens, end_id=-1)  # fixed length: ignore EOS, fair timing
+    from trtspec.client.sweep import SWEEP, ratios, run_sweep
+
+    concurrency = SWEEP if args.sweep else tuple(args.concurrency)
+    from trtspec.dtypes import resolve_dtype
+
+    served_dtype = resolve_dtype(args.dtype, "cpu").dtype  # what the servers will run in (auto: this CPU's)
+    print(f"served dtype: {served_dtype}")
     off: dict[str, dict] = {}
-    rows = []
+    servers = {}
     for label, speculative in (("speculative", True), ("plain", False)):
-        opts = {"speculative": speculative, "device": "cpu"}
+        opts = {"speculative": speculative, "device": "cpu", "max_batch_size": args.max_batch_size, "dtype": args.dtype}
         if args.torch_threads:
             opts["torch_threads"] = args.torch_threads
+        if speculative and args.adaptive:
+            opts["trtspec_adaptive"] = True
+        if speculative and args.draft_len_schedule:
+            opts["draft_len_schedule"] = args.draft_len_schedule
         repo = emit_repository(spec, "reference", tmp / f"repo-{label}", options=opts)
         t0 = time.perf_counter()
-        with TritonServer(repo, log_path=tmp / f"{label}.log", startup_timeout_s=600) as srv:
-            print(f"[{label}] server ready in {time.perf_counter() - t0:.1f} s")
+        servers[label] = TritonServer(repo, log_path=tmp / f"{label}.log", startup_timeout_s=600).start()
+        print(f"[{label}] server ready in {time.perf_counter() - t0:.1f} s")
+    try:
+        for label in servers:
             # the offline reference runtime on the same prompts, batch 1, EOS ignored like the served runs;
-            # measured now, while the idle server only holds memory, so that both see the same machine load
-            off[label] = offline(spec, tok, prompts, args.max_tokens, speculative)
-            url = srv.grpc_url if args.protocol == "grpc" else srv.http_url
-            for i, c in enumerate(args.concurrency):
-                res = run_bench(
-                    url,
-                    args.protocol,
-                    "ensemble",
-                    prompts,
-                    args.requests,
-                    c,
-                    params,
-                    warmup=1 if i == 0 else 0,
-                    label=label,
-                )
-                s = res.summary()
-                rows.append(s)
-                print(format_summary(s), flush=True)
-                for e in res.errors[:3]:
-                    print("  error:", e)
+            # measured now, while the idle servers only hold memory, so that all see the same machine load
+            off[label] = offline(spec, tok, prompts, args.max_tokens, label == "speculative", served_dtype)
+        urls = {lb: (srv.grpc_url if args.protocol == "grpc" else srv.http_url) for lb, srv in servers.items()}
+        print(f"load average before the sweep: {os.getloadavg()[0]:.1f} (other jobs share this CPU)")
+        rows = run_sweep(urls, args.protocol, "ensemble", prompts, concurrency, args.requests, params, 1)
+        print(f"load average after the sweep: {os.getloadavg()[0]:.1f}")
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    print("speculative / plain tokens/s: " + ", ".join(f"c={c}: {r:.2f}x" for c, r in ratios(rows).items()))
+    if args.plot:
+        from trtspec.client.plot import write_sweep_plot
+
+        print(f"plot: {write_sweep_plot(args.plot, rows)}")
     for lbl in ("speculative", "plain"):
         line = (
             f"offline {lbl}: e2e mean {off[lbl]['e2e_mean_ms']:.0f} ms, {off[lbl]['tokens_per_s']:.1f} tok/s, "
@@ -157,7 +176,8 @@ def main() -> int:
             )
         print(line)
     if args.json:
-        args.json.write_text(json.dumps({"spec": spec.describe(), "served": rows, "offline": off}, indent=2))
+        out = {"spec": spec.describe(), "served": rows, "offline": off, "ratios": ratios(rows)}
+        args.json.write_text(json.dumps(out, indent=2))
     return 0
 
 

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import yaml
 from click.testing import CliRunner
-from deploy_facts import decoding_types, llmapi_inputs, llmapi_model_yaml_keys, llmapi_outputs, pytorch_fields
+from deploy_docs import decoding_types, llmapi_inputs, llmapi_model_yaml_keys, llmapi_outputs, pytorch_fields
 
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.cli import main
@@ -16,6 +16,7 @@ from trtspec.load import load_drafter
 from trtspec.triton.validate import parse_config
 
 SUPPORTED = [n for n, k in registry.KINDS.items() if k.pytorch.supported]
+WITH_DRAFT = [n for n in SUPPORTED if registry.get(n).pytorch.draft_format is not None]
 REFUSED = [n for n, k in registry.KINDS.items() if not k.pytorch.supported]
 
 
@@ -55,14 +56,17 @@ def test_speculative_config_uses_only_recorded_fields(deployments, kind):
     unknown = set(cfg) - pytorch_fields(classes[cfg["decoding_type"]])
     assert not unknown, f"keys TensorRT-LLM would reject (extra='forbid'): {unknown}"
     assert cfg["max_draft_len"] >= 1
-    # the draft directory sits in the deployment and is what the kind's loader reads back
+    # a draft directory sits in the deployment and is what the kind's loader reads back
+    if registry.get(kind).pytorch.draft_format is None:
+        assert "speculative_model" not in cfg and not (deployments[kind] / "draft").exists()
+        return
     draft = deployments[kind] / cfg["speculative_model"]
     assert draft.is_dir() and registry.detect(draft) == kind
 
 
 def test_draft_loads_back_with_the_same_tensors(deployments, demo_paths):
     tgt = load_hf_causal_lm(demo_paths["target"])
-    for kind in SUPPORTED:
+    for kind in WITH_DRAFT:
         a = load_drafter(demo_paths[kind], tgt)
         b = load_drafter(deployments[kind] / "draft", tgt)
         assert sorted(a.tensors) == sorted(b.tensors)

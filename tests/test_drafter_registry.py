@@ -83,7 +83,11 @@ def test_greedy_is_token_identical(kind, tree, demo_paths):
     plain = gen.generate(PROMPTS, GenerationConfig(max_new_tokens=12, speculative=False))
     spec_run = gen.generate(PROMPTS, GenerationConfig(max_new_tokens=12))
     assert spec_run.tokens == plain.tokens
-    assert spec_run.metrics.draft_tokens == spec_run.metrics.sequence_steps * spec.tree.num_nodes
+    m = spec_run.metrics
+    if registry.get(kind).model_free:  # verifies only the nodes it matched (the repetitive prompt matches)
+        assert 0 < m.draft_tokens <= m.sequence_steps * spec.tree.num_nodes
+    else:
+        assert m.draft_tokens == m.sequence_steps * spec.tree.num_nodes
 
 
 @pytest.fixture(scope="module")
@@ -172,16 +176,18 @@ def test_deployment_declarations(kind, demo_paths, tmp_path):
 def test_kind_names_live_only_in_their_modules():
     """No string literal outside trtspec/drafters/ is a kind's name (docstrings excepted). TensorRT-LLM's
     own words that happen to equal a kind's name ('medusa', 'eagle': trtllm-build modes and Triton
-    decoding modes, declared in the records' EngineRoute) are upstream vocabulary, not kind names."""
+    decoding modes, declared in the records' EngineRoute) are upstream vocabulary, not kind names; so are,
+    inside trtspec/export/ only, the export format names the records declare (vLLM method names)."""
     import ast
 
     root = Path(__file__).resolve().parent.parent / "trtspec"
     upstream = {w for k in registry.KINDS.values() for w in (k.engine.mode, k.engine.triton_decoding_mode)}
-    names = set(registry.names()) - upstream
+    formats = {f for k in registry.KINDS.values() for f in k.export_formats}
     offenders = []
     for f in root.rglob("*.py"):
         if f.parent.name == "drafters":
             continue
+        names = set(registry.names()) - upstream - (formats if f.parent.name == "export" else set())
         tree = ast.parse(f.read_text())
         docstrings = {
             id(n.body[0].value)

@@ -35,8 +35,24 @@ def tiny(tmp_path_factory):
     target = load_hf_causal_lm(tdir)
     rng = random.Random(0)
     items = [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(3, 10))] for _ in range(40)]
-    build_cache(target, items, root / "cache", gen_tokens=24, topk=4, batch_size=8, shard_tokens=300, progress=False)
+    build_cache(
+        target,
+        items,
+        root / "cache",
+        gen_tokens=24,
+        topk=4,
+        batch_size=8,
+        shard_tokens=300,
+        progress=False,
+        aux_layers=aux_layers_of_trainable_kinds(target),
+    )
     return {"root": root, "dir": tdir, "target": target, "items": items, "cache": HiddenCache(root / "cache")}
+
+
+def aux_layers_of_trainable_kinds(target) -> tuple[int, ...]:
+    """Every target layer some trainable kind reads (one cache then serves every kind)."""
+    recipes = [registry.get(k).training for k in registry.trainable()]
+    return tuple(sorted({i for r in recipes if r.aux_layers is not None for i in r.aux_layers(target)}))
 
 
 def _cfg(kind: str, **kw) -> TrainConfig:
@@ -338,3 +354,27 @@ def test_label_vocab_subset_and_generated_only_training(tiny):
     )
     assert np.mean(res.losses[-3:]) < np.mean(res.losses[:3]) - 0.2
     assert len(_Positions(tiny["cache"], True)) < len(_Positions(tiny["cache"], False))
+
+
+def test_teacher_mode_learns_only_the_assistant_turns_of_chat_data(tiny, tmp_path):
+    """Teacher-forced chat data: the loss mask, found with the tokenizer's chat template, covers exactly the
+    assistant turns; the trainer's positions and the draft-vocabulary counts predict only those tokens."""
+    from trtspec.load import load_tokenizer
+    from trtspec.train.data import Sample, encode_text_with_mask
+    from trtspec.train.draft_vocab import target_choice_counts
+    from trtspec.train.trainer import _Positions
+
+    tok = load_tokenizer(tiny["target"])
+    turns = (("user", "hi there"), ("assistant", "hello!"), ("user", "how are you"), ("assistant", "fine."))
+    ids, mask = encode_text_with_mask(tok, Sample(messages=turns))
+    assert tok.decode([t for t, m in zip(ids, mask) if m]) == "hello!\nfine.\n"
+    plain_ids, plain_mask = encode_text_with_mask(tok, Sample(text="just text"))
+    assert all(plain_mask) and len(plain_ids) == len(plain_mask)
+    build_cache(tiny["target"], [ids], tmp_path / "c", mode="teacher", loss_masks=[mask], progress=False)
+    cache = HiddenCache(tmp_path / "c")
+    predicted = [ids[int(q) + 1] for q in np.nonzero(cache.trained(0)[:-1])[0]]
+    assert tok.decode(predicted) == "hello!\nfine.\n"
+    assert len(_Positions(cache, True)) == sum(mask) < len(_Positions(cache, False))
+    assert target_choice_counts(cache, VOCAB).sum() == sum(mask) + 1  # + the choice after the last token
+    with pytest.raises(Exception, match="other data"):  # the mask is part of what the cache was built from
+        build_cache(tiny["target"], [ids], tmp_path / "c", mode="teacher", loss_masks=[[1] * len(ids)], progress=False)

@@ -211,3 +211,19 @@ def test_target_without_heads(model, tmp_path):
     p = _params(load_repository(repo)["tensorrt_llm"])
     assert not {"decoding_mode", "medusa_choices", "eagle_choices", "max_draft_len", "trtspec_heads_dir"} & set(p)
     assert json.loads((repo / MANIFEST).read_text())["drafter_kind"] is None
+
+
+def test_draft_len_schedule_goes_to_the_config_and_the_manifest(spec, tmp_path):
+    depth = spec.tree.depth
+    repo = emit_repository(spec, "reference", tmp_path / "repo")
+    from trtspec.runtime.batch_policy import default_schedule
+
+    manifest = json.loads((repo / MANIFEST).read_text())
+    assert manifest["draft_len_schedule"] == {str(k): v for k, v in default_schedule(depth).items()}
+    repo = emit_repository(spec, "reference", tmp_path / "r2", options={"draft_len_schedule": f"1:{depth},8:1"})
+    assert _params(load_repository(repo)["tensorrt_llm"])["trtspec_draft_len_schedule"] == f"1:{depth},8:1"
+    assert json.loads((repo / MANIFEST).read_text())["draft_len_schedule"] == {"1": depth, "8": 1}
+    plain = emit_repository(spec, "reference", tmp_path / "r3", options={"speculative": False})
+    assert json.loads((plain / MANIFEST).read_text())["draft_len_schedule"] is None
+    with pytest.raises(UsageError, match="smallest batch size must map to the full depth"):
+        emit_repository(spec, "reference", tmp_path / "r4", options={"draft_len_schedule": "1:1"})

@@ -13,6 +13,7 @@ import signal
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 from triton_support import PROMPTS, Oracle, make_model
@@ -234,6 +235,23 @@ def test_client_cli(server, oracle):
     assert res.exit_code == 0, res.output
     lines = [ln for ln in res.output.splitlines() if ln.startswith("concurrency")]
     assert len(lines) == 2 and all("(0 errors)" in ln and "TTFT p50" in ln for ln in lines)
+    out = server.log_path.parent if server.log_path else Path(".")
+    res = r.invoke(
+        main,
+        ["client", "bench", "--url", server.http_url, "--plain-url", server.http_url, "-c", "1", "-c", "2"]
+        + ["-n", "2", "--max-tokens", "4", "--json-out", str(out / "sweep.json"), "--plot", str(out / "sweep.png")],
+    )
+    assert res.exit_code == 0, res.output
+    rows = json.loads((out / "sweep.json").read_text())
+    assert [(r["label"], r["concurrency"]) for r in rows] == [
+        ("speculative", 1),
+        ("plain", 1),
+        ("speculative", 2),
+        ("plain", 2),
+    ]
+    assert all(r["errors"] == 0 and r["output_tokens_per_s"] > 0 for r in rows)
+    assert "concurrency 2: speculative / plain tokens/s =" in res.output
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     res = r.invoke(main, ["client", "generate", "--url", server.http_url, "--max-tokens", "0", "hi"])
     assert res.exit_code == 2 and "max_tokens must be >= 1" in res.output
 
@@ -349,3 +367,218 @@ def test_fails(server):
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+def _scrape(server) -> dict[str, float]:
+    """The trtspec_* samples of the metrics endpoint: 'name{labels}' -> value."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("trtspec_"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def _wait_metrics(server, done, timeout_s: float = 30.0) -> dict[str, float]:
+    """Scrape until ``done(samples)`` (the backend applies metric updates on a thread of its own)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        m = _scrape(server)
+        if done(m) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.2)
+
+
+M = '{model="tensorrt_llm"}'
+
+
+def test_prometheus_metrics_on_the_metrics_port(server, oracle):
+    before = _scrape(server)
+    assert f"trtspec_draft_tokens_total{M}" in before  # registered at load, before any request here
+    steps0 = before[f"trtspec_target_steps_total{M}"]
+    res = HttpClient(server.http_url).generate_stream(PROMPTS[4], GenerateParams(max_tokens=16))
+    assert res.text == oracle.text(PROMPTS[4], 16)
+    after = _wait_metrics(
+        server, lambda m: m[f"trtspec_target_steps_total{M}"] > steps0 and m[f"trtspec_requests_in_flight{M}"] == 0
+    )
+
+    def delta(key: str) -> float:
+        return after[key] - before.get(key, 0.0)
+
+    drafted, accepted = delta(f"trtspec_draft_tokens_total{M}"), delta(f"trtspec_accepted_draft_tokens_total{M}")
+    spec_steps = delta(f"trtspec_speculative_steps_total{M}")
+    assert drafted > 0 and 0 <= accepted <= drafted and spec_steps > 0
+    assert drafted == res.metrics["total_draft_tokens"] and accepted == res.metrics["total_accepted_draft_tokens"]
+    # one request alone: one acceptance-length sample per speculative step, each = accepted + 1
+    assert delta(f"trtspec_acceptance_length_count{M}") == spec_steps
+    assert delta(f"trtspec_acceptance_length_sum{M}") == accepted + spec_steps
+    for d in (1, 2):  # per depth: accepted / drafted at that depth, over the steps whose tree reached it
+        labels = f'{{model="tensorrt_llm",position="{d}"}}'
+        hits, n = after[f"trtspec_position_accepted_total{labels}"], after[f"trtspec_position_drafted_total{labels}"]
+        assert n > 0 and after[f"trtspec_position_acceptance{labels}"] == pytest.approx(hits / n)
+    assert after[f"trtspec_batch_size{M}"] == 1 and after[f"trtspec_speculation_active{M}"] in (0, 1)
+    assert after[f"trtspec_draft_depth{M}"] <= oracle.spec.tree.depth
+
+
+def _disconnect_mid_stream(server, text: str, max_tokens: int) -> int:
+    """Open a /generate_stream, read the first event, then drop the connection; returns the events read."""
+    import http.client
+    import socket
+
+    host, port = server.http_url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    body = json.dumps({"text_input": text, "max_tokens": max_tokens, "stream": True})
+    conn.request("POST", "/v2/models/ensemble/generate_stream", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    events = 0
+    while events < 1:
+        line = resp.readline()
+        if not line:
+            break
+        events += line.startswith(b"data:")
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+    return events
+
+
+def _cancel_mid_stream(server, oracle, text: str, max_tokens: int) -> int:
+    """Stream from tensorrt_llm over gRPC, cancel after the first response (Triton passes a gRPC client's
+    cancellation to the model; an HTTP hang-up or a cancel through the ensemble is not passed on, see
+    Triton's request_cancellation docs). Returns the responses received before cancelling."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    got = threading.Event()
+    count = [0]
+
+    def callback(result, error):
+        count[0] += 1
+        got.set()
+
+    ids = np.array([oracle.tok.encode(text)], dtype=np.int32)
+    tensors = {
+        "input_ids": ids,
+        "input_lengths": np.array([[ids.shape[1]]], np.int32),
+        "request_output_len": np.array([[max_tokens]], np.int32),
+        "streaming": np.array([[True]], bool),
+    }
+    inputs = []
+    for name, value in tensors.items():
+        t = grpcclient.InferInput(name, list(value.shape), "BOOL" if value.dtype == bool else "INT32")
+        t.set_data_from_numpy(value)
+        inputs.append(t)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=callback)
+    client.async_stream_infer("tensorrt_llm", inputs)
+    got.wait(60)
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    return min(count[0], 1)
+
+
+def test_faults_mixed_into_32_concurrent_streams(server, oracle):
+    """32 concurrent streaming requests, a third of them bad (empty prompt, max_tokens 0 or huge, a wrong
+    dtype, a prompt longer than the context, a client that disconnects mid-stream): the good ones equal
+    offline greedy decoding, each bad one gets its clear error, and the server serves on."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    def wrong_dtype():  # REQUEST_OUTPUT_LEN must be INT32: Triton itself refuses the request
+        c = grpcclient.InferenceServerClient(server.grpc_url)
+        text = grpcclient.InferInput("QUERY", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"hello"]], dtype=object))
+        n = grpcclient.InferInput("REQUEST_OUTPUT_LEN", [1, 1], "FP32")
+        n.set_data_from_numpy(np.array([[4.0]], dtype=np.float32))
+        return c.infer("preprocessing", [text, n])
+
+    too_long = "x" * 600  # the tiny model's max_seq_len is 512 (one token per character)
+    bad = {
+        3: (
+            lambda: HttpClient(server.http_url).generate_stream("", GenerateParams(max_tokens=8)),
+            "text_input is empty",
+        ),
+        7: (
+            lambda: HttpClient(server.http_url).generate_stream("hi", GenerateParams(max_tokens=0)),
+            "max_tokens must be >= 1",
+        ),
+        11: (
+            lambda: GrpcClient(server.grpc_url).generate_stream("hi", GenerateParams(max_tokens=2_000_000_000)),
+            "exceeds the model's max_seq_len",
+        ),
+        15: (wrong_dtype, "(?i)data.?type|TYPE_INT32|INT32"),
+        19: (
+            lambda: HttpClient(server.http_url).generate_stream(too_long, GenerateParams(max_tokens=4)),
+            "shorten it to at most 511 tokens",
+        ),
+        23: (lambda: _disconnect_mid_stream(server, PROMPTS[2], 60), None),
+        27: (lambda: _cancel_mid_stream(server, oracle, PROMPTS[5], 400), None),
+    }
+    results: dict[int, object] = {}
+    errors: dict[int, str] = {}
+    barrier = threading.Barrier(32)
+    cancelled = '{model="tensorrt_llm",reason="cancelled"}'
+    cancelled0 = _scrape(server)[f"trtspec_requests_total{cancelled}"]
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            if i in bad:
+                results[i] = bad[i][0]()
+            else:
+                client = HttpClient(server.http_url) if i % 2 else GrpcClient(server.grpc_url)
+                results[i] = client.generate_stream(
+                    PROMPTS[i % len(PROMPTS)], GenerateParams(max_tokens=6 + i % 9)
+                ).text
+        except Exception as exc:
+            errors[i] = f"{exc.__class__.__name__}: {exc}"
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    import re
+
+    for i in range(32):
+        if i in bad and bad[i][1] is not None:
+            assert i in errors and re.search(bad[i][1], errors[i]), (i, errors.get(i), results.get(i))
+        elif i in bad:
+            assert results.get(i) == 1, (i, errors.get(i))  # read one event, then hung up
+        else:
+            assert i not in errors, (i, errors[i])
+            assert results[i] == oracle.text(PROMPTS[i % len(PROMPTS)], 6 + i % 9), i
+    assert server.is_alive()
+    # the cancelled stream left its slot at once (not after its 400 tokens); the HTTP client that hung up is
+    # not told to the model by Triton, so it runs to its 60 tokens: then nothing is in flight
+    m = _wait_metrics(server, lambda m: m[f"trtspec_requests_in_flight{M}"] == 0, timeout_s=60)
+    assert m[f"trtspec_requests_in_flight{M}"] == 0
+    assert m[f"trtspec_requests_total{cancelled}"] - cancelled0 == 1
+    assert HttpClient(server.http_url).generate("abc", GenerateParams(max_tokens=6)).text == oracle.text("abc", 6)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_per_request_acceptance_comes_with_the_response(server, oracle, protocol):
+    """tensorrt_llm_bls passes on the reference runtime's per-request steps and acceptance histogram: tokens
+    per step and per-position acceptance of this request, not a server-wide average."""
+    from trtspec.client.common import per_position_acceptance
+
+    client = (
+        HttpClient(server.http_url, "tensorrt_llm_bls")
+        if protocol == "http"
+        else GrpcClient(server.grpc_url, "tensorrt_llm_bls")
+    )
+    res = client.generate_stream(PROMPTS[6], GenerateParams(max_tokens=24))
+    assert res.text == oracle.text(PROMPTS[6], 24)
+    m = res.metrics
+    hist, steps = m["trtspec_acceptance_histogram"], m["trtspec_target_steps"]
+    assert sum(hist) == steps > 0
+    assert sum(a * n for a, n in enumerate(hist)) == m["total_accepted_draft_tokens"]
+    assert res.mean_acceptance_length(None) == pytest.approx(1 + m["total_accepted_draft_tokens"] / steps)
+    pos = per_position_acceptance(hist)
+    assert all(1 >= a >= b >= 0 for a, b in zip(pos, pos[1:]))
+    if protocol == "grpc":
+        client.close()

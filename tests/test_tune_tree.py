@@ -138,3 +138,14 @@ def test_cli_tune_tree_writes_choices_the_runtime_takes(tmp_path):
 def test_cli_tune_tree_rejects_bad_budgets(tmp_path):
     r = CliRunner().invoke(main, ["tune-tree", "-t", str(tmp_path), "-H", str(tmp_path), "-d", "x", "--nodes", "a"])
     assert r.exit_code == 2 and "--nodes" in r.output
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_cli_tune_tree_refuses_drafters_it_cannot_measure(kind, demo_paths, tmp_path):
+    """Drafters that read other target layers or draft blocks: one clear line, not a shape traceback."""
+    data = tmp_path / "calib.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hello there"}]}) + "\n")
+    r = CliRunner().invoke(
+        main, ["tune-tree", "-t", str(demo_paths["target"]), "-H", str(demo_paths[kind]), "-d", str(data)]
+    )
+    assert r.exit_code == 2 and "error:" in r.output and "--tree" in r.output and "cache:" not in r.output, r.output

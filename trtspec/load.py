@@ -30,13 +30,18 @@ def load_drafter(
     path = Path(path)
     if heads_format is not None:
         registry.get(heads_format)  # a clear error for an unknown name, before touching files
-    if not path.exists():
+    if not path.exists():  # no such files: maybe an address that names a model-free kind
+        addressed = registry.from_address(str(path), target)
+        if addressed is not None:
+            return _model_free(addressed, heads_format, draft_vocab)
         raise CheckpointError("heads not found", path)
     kind = registry.get(heads_format or registry.detect(path))
     found = registry.detect_or_none(path) if heads_format is not None else kind.name
     if found not in (None, kind.name):
         raise CheckpointError(f"--heads-format {heads_format} but the files hold {found} heads", path)
     drafter = kind.load(path, target, allow_pickle)
+    if kind.model_free:
+        return _model_free(drafter, heads_format, draft_vocab)
     if kind.own_draft_vocab:
         if draft_vocab or (draft_vocab is None and draft_vocab_path(drafter.path).is_file()):
             raise CheckpointError(
@@ -53,6 +58,15 @@ def drafter_inside(target: Path) -> Path | None:
     """The target directory itself when its files hold a drafter (registry kinds with ``inside_target``)."""
     found = registry.detect_or_none(target)
     return target if found is not None and registry.get(found).inside_target else None
+
+
+def _model_free(drafter: DrafterSpec, heads_format: str | None, draft_vocab: int | None) -> DrafterSpec:
+    """A model-free drafter proposes the text's own tokens: a draft vocabulary means nothing to it."""
+    if heads_format not in (None, drafter.kind):
+        raise UsageError(f"--heads-format {heads_format} but --heads {drafter.path} selects {drafter.kind}")
+    if draft_vocab:
+        raise UsageError(f"--draft-vocab {draft_vocab}: {drafter.kind} drafts from the text and has no vocabulary")
+    return drafter
 
 
 def resolve_tree(tree, drafter: DrafterSpec | None) -> TreeSpec:
@@ -82,13 +96,16 @@ def load_spec_model(
     pp_size: int = 1,
     allow_pickle: bool = False,
     draft_vocab: int | None = None,
+    also_draft: str | Path | None = None,
 ) -> SpecModel:
     """Load + validate everything once; the result is what every later stage takes. Without ``heads``, a
-    target that carries its own drafter (a kind with ``inside_target``, e.g. MTP layers) drafts with it."""
+    target that carries its own drafter (a kind with ``inside_target``, e.g. MTP layers) drafts with it.
+    ``also_draft``: a model-free drafter (address or settings directory) run beside the ``heads``."""
     tgt = load_hf_causal_lm(target, allow_pickle=allow_pickle)
     if heads is None and heads_format is None:
         heads = drafter_inside(tgt.path)
     drafter = load_drafter(heads, tgt, heads_format, allow_pickle, draft_vocab) if heads is not None else None
+    also = _also_drafter(also_draft, drafter, tgt) if also_draft is not None else None
     if isinstance(dtype, str):
         try:
             dtype = resolve_dtype(dtype).dtype if dtype == "auto" else parse_dtype(dtype)
@@ -104,4 +121,17 @@ def load_spec_model(
         dtype = tgt.dtype
     if tp_size < 1 or pp_size < 1:
         raise UsageError("--tp-size and --pp-size must be >= 1")
-    return SpecModel(tgt, drafter, resolve_tree(tree, drafter), dtype, Mapping(tp_size, pp_size))
+    return SpecModel(tgt, drafter, resolve_tree(tree, drafter), dtype, Mapping(tp_size, pp_size), also=also)
+
+
+def _also_drafter(also_draft: str | Path, drafter: DrafterSpec | None, target: TargetSpec) -> DrafterSpec:
+    """The model-free drafter that runs beside the heads (a model drafter beside heads is refused)."""
+    free = ", ".join(registry.model_free())
+    if drafter is None:
+        raise UsageError(f"--also-draft {also_draft} needs --heads (alone, pass it as --heads {also_draft})")
+    if registry.get(drafter.kind).model_free:
+        raise UsageError(f"--heads {drafter.path} is model-free already; --also-draft goes beside model heads")
+    also = load_drafter(also_draft, target)
+    if not registry.get(also.kind).model_free:
+        raise UsageError(f"--also-draft {also_draft} holds {also.kind} heads; it takes a model-free drafter ({free})")
+    return also

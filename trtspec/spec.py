@@ -128,12 +128,16 @@ class SpecModel:
     tree: TreeSpec
     dtype: torch.dtype
     parallel: Mapping = field(default_factory=Mapping)
+    #: a model-free drafter run beside ``drafter`` (runtime: per step the better proposal is drafted)
+    also: DrafterSpec | None = None
 
     def describe(self) -> str:
         a = self.target.arch
         d = self.drafter.kind if self.drafter else "none"
         if self.drafter is not None and self.drafter.draft_vocab is not None:
             d += f" (draft vocab {self.drafter.draft_vocab.numel()})"
+        if self.also is not None:
+            d += f" + {self.also.kind}"
         return (
             f"target {a.model_type} {a.num_hidden_layers}L h{a.hidden_size} v{a.vocab_size} "
             f"({self.target.path}), drafter {d}, tree {self.tree.num_nodes} nodes depth {self.tree.depth}, "

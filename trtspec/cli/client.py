@@ -58,6 +58,12 @@ def _print_metrics(result, client) -> None:
         )
     if mal is not None:
         parts.append(f"mean acceptance length {mal:.2f}")
+    hist = m.get("trtspec_acceptance_histogram")
+    if isinstance(hist, list) and len(hist) > 1:
+        from trtspec.client.common import per_position_acceptance
+
+        pos = " ".join(f"{a:.2f}" for a in per_position_acceptance(hist))
+        parts.append(f"{m.get('trtspec_target_steps', sum(hist))} steps, per-position acceptance {pos}")
     click.echo("[" + ", ".join(parts) + "]", err=True)
 
 
@@ -126,6 +132,23 @@ def stream_cmd(text, protocol, url, model, max_tokens, temperature, top_k, top_p
     default=None,
     help="Also write the summaries as JSON.",
 )
+@click.option(
+    "--sweep",
+    is_flag=True,
+    help="Concurrency 1, 2, 4, 8, 16, 32 (instead of -c); each level sends at least 2 requests per stream.",
+)
+@click.option(
+    "--plain-url",
+    default=None,
+    help="A second server with the same model decoding plainly (triton emit --no-speculative): each "
+    "concurrency runs against --url (speculative) and then this one, and prints the tokens/s ratio.",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a PNG: tokens/s, TTFT p50 and ITL p50 against concurrency, one line per server.",
+)
 def bench_cmd(
     protocol,
     url,
@@ -140,10 +163,17 @@ def bench_cmd(
     prompts,
     warmup,
     json_out,
+    sweep,
+    plain_url,
+    plot,
 ) -> None:
     """Closed-loop load: requests/s, TTFT and ITL p50/p99, mean acceptance length per concurrency."""
     from trtspec.client.bench import format_summary, run_bench
 
+    if sweep:
+        from trtspec.client.sweep import SWEEP
+
+        concurrency = SWEEP
     if any(c < 1 for c in concurrency) or num_requests < 1:
         raise UsageError("--concurrency and --requests must be >= 1")
     texts = None
@@ -152,6 +182,19 @@ def bench_cmd(
         if not texts:
             raise UsageError("no prompts in the file", fix="one prompt per line")
     url = url or ("127.0.0.1:8001" if protocol == "grpc" else "127.0.0.1:8000")
+    if plain_url or sweep or plot:
+        from trtspec.client.sweep import run_sweep
+
+        targets = {"speculative": url, "plain": plain_url} if plain_url else {"": url}
+        params = _params(max_tokens, temperature, top_k, top_p, seed)
+        rows = run_sweep(targets, protocol, model, texts, tuple(concurrency), num_requests, params, warmup, click.echo)
+        if json_out:
+            json_out.write_text(json.dumps(rows, indent=2))
+        if plot:
+            from trtspec.client.plot import write_sweep_plot
+
+            click.echo(f"plot: {write_sweep_plot(plot, rows)}")
+        return
     summaries = []
     for i, c in enumerate(concurrency):
         res = run_bench(

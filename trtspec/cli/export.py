@@ -1,7 +1,8 @@
-"""`trtspec export`: write a drafter in a format another runtime loads (today: ONNX for TensorRT).
+"""`trtspec export`: write a drafter in a format another runtime loads (vLLM, SGLang, TensorRT-LLM,
+speculators, ONNX for TensorRT).
 
 Which formats a kind can be written as is the kind's own declaration (``DrafterKind.export_formats``);
-asking for another is one error line that lists the ones there are.
+asking for another is one error line that lists the ones there are. The writers live in trtspec/export/.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import click
 
 from trtspec.cli.options import target_option, tree_option
 from trtspec.drafters import registry
-from trtspec.errors import UsageError
+from trtspec.export import export_draft
+from trtspec.export.registry import EXPORTERS
 
-FORMATS = ("onnx",)
+FORMAT_HELP = "; ".join(f"{e.name}: {e.summary}, read by {e.loaders}" for e in EXPORTERS.values())
 
 
 @click.command("export")
@@ -32,26 +34,25 @@ FORMATS = ("onnx",)
     default=None,
     help="Drafter kind; detected from the files when omitted.",
 )
+@click.option("--format", "fmt", required=True, type=click.Choice(list(EXPORTERS)), help=FORMAT_HELP)
 @click.option(
-    "--format",
-    "fmt",
+    "--out",
+    "-o",
     required=True,
-    type=click.Choice(FORMATS),
-    help="onnx: the heads and the verify step as an ONNX graph whose fused nodes are trtspec's TensorRT "
-    "plugins (trtexec --onnx=OUT --dynamicPlugins=libtrtspec_plugins.so).",
+    type=click.Path(path_type=Path),
+    help="Directory to write (a file for onnx); written to a temporary name and renamed when complete.",
 )
-@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path), help="File to write.")
 @tree_option
-@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32", show_default=True)
-def export_cmd(target, heads, heads_format, fmt, out, tree, dtype):
+@click.option(
+    "--dtype",
+    type=click.Choice(["float32", "float16", "bfloat16"]),
+    default=None,
+    help="Weights dtype to write (default: the heads' own; onnx: float32).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace --out if it exists.")
+def export_cmd(target, heads, heads_format, fmt, out, tree, dtype, overwrite):
     """Export a drafter for another runtime; the kind decides which formats exist for it."""
-    kind = registry.get(heads_format or registry.detect(heads))
-    if fmt not in kind.export_formats:
-        have = ", ".join(kind.export_formats) or "none yet"
-        raise UsageError(f"{kind.name} heads cannot be exported as {fmt}; formats for {kind.name}: {have}")
-    from trtspec.kernels.onnx_export import export_heads_onnx
-
-    path = export_heads_onnx(heads, target, out, tree=tree, dtype=dtype)
+    path = export_draft(heads, target, fmt, out, heads_format=heads_format, tree=tree, dtype=dtype, overwrite=overwrite)
     click.echo(f"wrote {path}")
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from trtspec.cli.options import draft_vocab_option, max_tokens_option, model_options, target_option
+from trtspec.cli.options import also_draft_option, draft_vocab_option, max_tokens_option, model_options, target_option
 from trtspec.dtypes import COMPUTE_DTYPES
 from trtspec.errors import UsageError
 from trtspec.load import load_spec_model, load_tokenizer
@@ -41,6 +41,7 @@ DTYPE_HELP = (
     "machine and text, so speculation never runs slower than plain. Fixed: always the whole tree.",
 )
 @draft_vocab_option
+@also_draft_option
 @click.option("--json", "as_json", is_flag=True, help="Print metrics as JSON.")
 def generate_cmd(
     target,
@@ -59,6 +60,7 @@ def generate_cmd(
     compare,
     adaptive,
     draft_vocab,
+    also_draft,
     as_json,
 ):
     """Generate with the PyTorch reference runtime (CPU) and print the text and acceptance metrics.
@@ -80,6 +82,7 @@ def generate_cmd(
         resolve_dtype(dtype).dtype,
         allow_pickle=allow_pickle,
         draft_vocab=draft_vocab,
+        also_draft=also_draft,
     )
     tok = load_tokenizer(spec.target)
     prompts = [encode_prompt(tok, Sample(text=p), chat) for p in prompt]

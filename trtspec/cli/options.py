@@ -68,7 +68,8 @@ def heads_options(f: Callable) -> Callable:
                 type=click.Path(path_type=Path),
                 default=None,
                 help="Drafter: heads of any registered kind, or a draft model directory "
-                f"({', '.join(registry.names())}). Omit for the target alone.",
+                f"({', '.join(registry.names())}); a model-free kind by name, no files "
+                f"({', '.join(registry.model_free())}; NAME:ARG, e.g. a corpus file). Omit for the target alone.",
             ),
             click.option(
                 "--heads-format",
@@ -83,6 +84,17 @@ def heads_options(f: Callable) -> Callable:
             ),
         ],
     )
+
+
+def also_draft_option(f: Callable) -> Callable:
+    return click.option(
+        "--also-draft",
+        default=None,
+        metavar="MODEL_FREE",
+        help=f"A model-free drafter ({', '.join(registry.model_free())}, or NAME:ARG) beside --heads: per step "
+        "and sequence the proposal expected to get more tokens accepted is drafted, and with --adaptive the "
+        "heads are switched off while they do not pay for themselves.",
+    )(f)
 
 
 def tree_option(f: Callable) -> Callable:

@@ -13,12 +13,15 @@ from trtspec.dtypes import resolve_dtype
 from trtspec.errors import UsageError
 
 
-def _items(tok, samples, mode: str, chat: bool) -> list[list[int]]:
-    from trtspec.train.data import encode_prompt, encode_text
+def _items(tok, samples, mode: str, chat: bool) -> tuple[list[list[int]], list[list[int]] | None]:
+    """Token ids per sample, and (teacher mode) which of them the loss may predict: assistant turns."""
+    from trtspec.train.data import encode_prompt, encode_text_with_mask
 
     if mode == "generate":
-        return [encode_prompt(tok, s, chat) for s in samples]
-    return [encode_text(tok, s) for s in samples]
+        return [encode_prompt(tok, s, chat) for s in samples], None
+    pairs = [encode_text_with_mask(tok, s) for s in samples]
+    masks = [p[1] for p in pairs]
+    return [p[0] for p in pairs], masks if not all(all(m) for m in masks) else None  # text only: no mask
 
 
 def _barrier(world: int) -> None:
@@ -130,7 +133,8 @@ def _kinds(pred) -> str:
     type=click.Choice(["generated", "all"]),
     default="generated",
     show_default=True,
-    help="generated: loss only where the target wrote the text (what heads face when serving).",
+    help="generated: loss only where the target wrote the text (what heads face when serving); with "
+    "--distill teacher, only on the assistant turns of chat data (located with the chat template).",
 )
 @click.option(
     "--label-vocab",
@@ -154,7 +158,8 @@ def _kinds(pred) -> str:
     type=click.IntRange(0),
     help="Also write draft_vocab.safetensors: the N tokens the target writes most often on the data. "
     "The reference runtime then drafts over those N only (faster drafting, still lossless); "
-    "0 = draft over the full vocabulary.",
+    "0 = draft over the full vocabulary. For kinds with their own draft vocabulary "
+    f"({_kinds(lambda r: r.prepare is not None)}): its size (0 = the kind's default).",
 )
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in OUT.train/ (same options).")
@@ -200,17 +205,19 @@ def train_heads_cmd(
     from trtspec.cpu import setup_compute
     from trtspec.load import load_tokenizer
     from trtspec.train.cache import HiddenCache, build_cache
-    from trtspec.train.data import check_lengths, load_samples
+    from trtspec.train.data import check_lengths, check_token_ids, load_samples
     from trtspec.train.heads import horizon, save_heads
     from trtspec.train.trainer import TrainConfig, dist_info, train
 
     cache_choice, lm_choice = resolve_dtype(cache_dtype), resolve_dtype(lm_dtype)
+    record = registry.get(kind)
     tgt = load_hf_causal_lm(target)
     tok = load_tokenizer(tgt)
     samples = load_samples(list(data), seed)
     if max_samples:
         samples = samples[:max_samples]
-    items = _items(tok, samples, distill, chat)
+    items, loss_masks = _items(tok, samples, distill, chat)
+    check_token_ids(items, tgt.arch.vocab_size, tgt.tokenizer_path or tgt.path)
     hz = horizon(kind, num_heads, unroll)
     if distill == "teacher":
         check_lengths(items, hz)
@@ -231,6 +238,8 @@ def train_heads_cmd(
         rank=rank,
         world=world,
         dtype=cache_choice.name,
+        aux_layers=record.training.aux_layers(tgt) if record.training.aux_layers is not None else (),
+        loss_masks=loss_masks if train_on == "generated" else None,
     )
     _barrier(world)
     cache = HiddenCache(cache_dir, tgt.fingerprint, world=world)
@@ -248,6 +257,7 @@ def train_heads_cmd(
         train_on=train_on,
         label_vocab=label_vocab,
         lm_dtype=lm_choice.name,
+        draft_vocab=draft_vocab if record.own_draft_vocab else 0,
         seed=seed,
         ckpt_every=ckpt_every,
     )
@@ -273,7 +283,7 @@ def train_heads_cmd(
                 "other rows are untrained)",
                 err=True,
             )
-        if draft_vocab:
+        if draft_vocab and not record.own_draft_vocab:
             from trtspec.checkpoint.heads.draft_vocab import save_draft_vocab
             from trtspec.train.draft_vocab import frequent_tokens
 

@@ -122,6 +122,12 @@ def triton_group() -> None:
     "speculation never runs slower than plain decoding (per-request draft counts then vary).",
 )
 @click.option(
+    "--draft-len-schedule",
+    default=None,
+    help="reference: draft depth per batch size, TensorRT-LLM's draft_len_schedule, e.g. '1:3,4:2,16:1' "
+    "(batch sizes above the largest key decode plainly). Default: a table measured on a small CPU.",
+)
+@click.option(
     "--decoupled/--no-decoupled",
     default=True,
     show_default=True,
@@ -151,6 +157,7 @@ def emit_cmd(
     device,
     no_speculative,
     adaptive,
+    draft_len_schedule,
     decoupled,
     max_seq_len,
 ) -> None:
@@ -194,6 +201,8 @@ def emit_cmd(
         options["max_seq_len"] = max_seq_len
     if runtime == "reference":
         options["trtspec_device"] = device
+        if draft_len_schedule:
+            options["trtspec_draft_len_schedule"] = draft_len_schedule
         if auto:
             options["trtspec_dtype"] = "auto"
     repo = emit_repository(

@@ -27,7 +27,13 @@ METRIC_NAMES = (
     "first_scheduled_time_ns",
     "first_token_time_ns",
     "last_token_time_ns",
+    # trtspec's reference runtime also sends (tensorrt_llm and tensorrt_llm_bls models): the request's target
+    # steps, and its acceptance histogram ([a] = steps that accepted a drafts; a list, not a scalar)
+    "trtspec_target_steps",
+    "trtspec_acceptance_histogram",
 )
+#: metrics that are lists (every other one is a scalar)
+LIST_METRICS = ("trtspec_acceptance_histogram",)
 
 
 class ServerError(UsageError):
@@ -93,14 +99,25 @@ class GenerateResult:
         return (self.latency_s - self.ttft_s) / (n - 1)
 
     def mean_acceptance_length(self, max_draft_len: int | None) -> float | None:
-        """Tokens per target step (bonus included) = 1 + accepted / steps, steps = drafts / max_draft_len."""
+        """Tokens per target step (bonus included) = 1 + accepted / steps. Steps: what the server reports
+        (trtspec_target_steps), else drafts / max_draft_len (exact only when every step drafted fully)."""
         drafts = self.metrics.get("total_draft_tokens")
         if drafts is None:
             return None
+        steps = self.metrics.get("trtspec_target_steps")
+        if steps:
+            return 1.0 + self.metrics.get("total_accepted_draft_tokens", 0) / steps
         if not drafts or not max_draft_len:
             return 1.0
         steps = drafts / max_draft_len
         return 1.0 + self.metrics.get("total_accepted_draft_tokens", 0) / steps
+
+
+def per_position_acceptance(histogram: list[int]) -> list[float]:
+    """From an acceptance histogram ([a] = steps that accepted a drafts): for depth d = 1.., the fraction of
+    steps that accepted at least d draft tokens."""
+    n = sum(histogram)
+    return [sum(histogram[d:]) / n for d in range(1, len(histogram))] if n else []
 
 
 def scalar(value: Any) -> Any:

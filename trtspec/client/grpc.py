@@ -12,7 +12,15 @@ import uuid
 
 import numpy as np
 
-from trtspec.client.common import DEFAULT_MODEL, METRIC_NAMES, GenerateParams, GenerateResult, ServerError, Timer
+from trtspec.client.common import (
+    DEFAULT_MODEL,
+    LIST_METRICS,
+    METRIC_NAMES,
+    GenerateParams,
+    GenerateResult,
+    ServerError,
+    Timer,
+)
 
 _TYPES = {
     "text_input": "BYTES",
@@ -128,7 +136,8 @@ class GrpcClient:
             for name in METRIC_NAMES:
                 v = res.as_numpy(name)
                 if v is not None and v.size:
-                    result.metrics[name] = v.reshape(-1)[0].item()
+                    flat = v.reshape(-1)
+                    result.metrics[name] = flat.tolist() if name in LIST_METRICS else flat[0].item()
             final = resp.parameters.get("triton_final_response")
             if final is not None and final.bool_param:
                 break

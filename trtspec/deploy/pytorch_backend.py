@@ -112,11 +112,13 @@ def speculative_config(
         max_draft_len = spec.tree.depth or 1
         notes.append(f"max_draft_len {max_draft_len}: the depth of the heads' tree ({spec.tree.num_nodes} nodes)")
     validate_schedule(max_draft_len, draft_len_schedule, max_concurrency)
-    cfg: dict[str, Any] = {
-        "decoding_type": route.decoding_type,
-        "max_draft_len": max_draft_len,
-        "speculative_model": str(draft_dir),
-    }
+    cfg: dict[str, Any] = {"decoding_type": route.decoding_type, "max_draft_len": max_draft_len}
+    if route.draft_format is not None:
+        cfg["speculative_model"] = str(draft_dir)
+    serving = registry.get(spec.drafter.kind).serving_configs
+    own = serving(spec.drafter, max_draft_len).get("trtllm-pytorch", {}) if serving is not None else {}
+    assert own.get("decoding_type", route.decoding_type) == route.decoding_type, own
+    cfg.update({k: v for k, v in own.items() if k not in cfg})  # the kind's own fields (e.g. n-gram size)
     aux = spec.drafter.config.get("aux_layers")
     if aux:  # EAGLE-3 style fused features: TensorRT-LLM counts layer outputs, the draft config layer inputs
         L = spec.target.arch.num_hidden_layers
@@ -131,18 +133,21 @@ def speculative_config(
     return cfg, notes
 
 
-def _write_draft(spec: SpecModel, dest: Path) -> None:
-    """The draft directory: the heads' own files when they already are the layout the backend loads."""
+def _write_draft(spec: SpecModel, dest: Path, max_draft_len: int) -> None:
+    """The draft directory in the layout the backend loads: exported when the kind can be written in it,
+    else the heads' own files (a Hugging Face draft model is already that layout)."""
     assert spec.drafter is not None
     kind = registry.get(spec.drafter.kind)
-    src = spec.drafter.path if spec.drafter.path.is_dir() else spec.drafter.path.parent
-    if kind.pytorch.draft_format in kind.formats:
-        shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".*"))
+    fmt = kind.pytorch.draft_format
+    if fmt in kind.export_formats:
+        from trtspec.export.draft import export_draft
+
+        export_draft(spec.drafter.path, spec.target.path, fmt, dest, tree=f"chain:{max_draft_len}")
         return
-    raise UsageError(  # pragma: no cover - every supported kind today stores the backend's layout
-        f"{kind.name} heads are stored as {', '.join(kind.formats)}; the PyTorch backend loads "
-        f"{kind.pytorch.draft_format}: export them first (trtspec export --format {kind.pytorch.draft_format})"
-    )
+    if fmt not in kind.formats:  # pragma: no cover - a route names a layout its kind can produce
+        raise UsageError(f"{kind.name} heads cannot be written as {fmt}, the layout the PyTorch backend loads")
+    src = spec.drafter.path if spec.drafter.path.is_dir() else spec.drafter.path.parent
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(".*"))
 
 
 def _model_yaml(target: Path, spec_cfg: dict[str, Any], spec: SpecModel, max_batch_size: int, decoupled: bool) -> dict:
@@ -203,7 +208,8 @@ def write_pytorch_deployment(
     # GPU machine as a whole
     spec_cfg, notes = speculative_config(spec, Path("draft"), max_draft_len, draft_len_schedule, max_concurrency)
     with atomic_directory(out, overwrite=overwrite) as tmp:
-        _write_draft(spec, tmp / "draft")
+        if "speculative_model" in spec_cfg:
+            _write_draft(spec, tmp / "draft", spec_cfg["max_draft_len"])
         options = {"backend": "pytorch", "speculative_config": spec_cfg}
         (tmp / OPTIONS_FILE).write_text(yaml.safe_dump(options, sort_keys=False))
         model_dir = tmp / LLMAPI_DIR / "tensorrt_llm"
@@ -220,7 +226,7 @@ def write_pytorch_deployment(
             "backend": "pytorch",
             "argv": argv or [],
             "target": str(target),
-            "heads": str(spec.drafter.path.absolute()),
+            "heads": str(spec.drafter.path),
             "kind": spec.drafter.kind,
             "speculative_config": spec_cfg,
             "derived": notes,

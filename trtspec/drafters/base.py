@@ -30,6 +30,10 @@ class Drafter(Protocol):
     ``reset`` before a batch; ``observe`` what the target just committed (its hidden states at the kept
     positions, the aux layers' states if the kind asked for them, the tokens fed and the tokens that
     follow them); ``propose`` a tree of token ids [B, tree.size] (column 0 = the root) from that state.
+
+    In-flight batching (runtime.inflight) resets once for every slot, ``forget``s the slots a new request
+    takes, and passes ``rows`` (the slots the B sequences live in) to ``observe`` and ``propose``; None
+    means rows 0..B-1, the oracle loop's batch.
     """
 
     aux_layers: tuple[int, ...]
@@ -38,17 +42,26 @@ class Drafter(Protocol):
 
     def reset(self, batch: int, capacity: int) -> None: ...
 
+    def forget(self, rows: list[int]) -> None: ...
+
     def observe(
         self,
         hidden: list[torch.Tensor],
         aux: list[torch.Tensor] | None,
         tokens_in: list[torch.Tensor],
         tokens_next: list[torch.Tensor],
+        rows: list[int] | None = None,
     ) -> None: ...
 
-    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor: ...
+    def propose(self, tree: TreeBuffers, root: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor: ...
 
     def pack(self, target_projection: nn.Module) -> None: ...
+
+    def drafted(self) -> torch.Tensor | None:
+        """[B, tree.size] bool: the nodes of the last proposal the drafter stands behind (None = every
+        node). A model-free drafter has nothing to say where its text does not match; the loop then
+        verifies only the nodes some sequence drafted, down to a plain step when none did."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -114,6 +127,14 @@ class TrainingRecipe:
     state (EAGLE). ``new_module(target, num_heads, rmsnorm)`` builds an untrained module whose parameter
     names are the canonical tensor names; ``save(module, target, out, info, rmsnorm)`` writes it in the
     kind's published layout.
+
+    Kinds whose first step reads several target layers, or that project onto their own vocabulary, add:
+    ``aux_layers(target)``: the target layers whose *input* residual stream the self-distillation cache
+    stores; step 0's feature is their concatenation, in that order (as ``Drafter.aux_layers`` at runtime).
+    ``prepare(module, target, cache, size)``: called once on the fresh module before training; picks the
+    module's own output vocabulary from the cache (``size`` tokens, 0 = the kind's default) and returns
+    the label map [target vocab] -> the module's output id (-1 = not in its vocabulary): the loss is then
+    a softmax over the module's own logits, and the module's projection is trained.
     """
 
     style: str  # "heads" | "recurrent" | "block"
@@ -122,6 +143,8 @@ class TrainingRecipe:
     feature_regression: bool = False
     uses_rmsnorm_switch: bool = False  # --rmsnorm/--no-rmsnorm means something for this kind
     uses_num_heads: bool = False  # --num-heads means something for this kind
+    aux_layers: Callable[[TargetSpec], tuple[int, ...]] | None = None
+    prepare: Callable[..., torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -153,3 +176,15 @@ class DrafterKind:
     own_draft_vocab: bool = False
     #: the deepest static tree the loaded drafter can fill (None = any depth)
     max_tree_depth: Callable[[DrafterSpec], int | None] = lambda spec: None
+    #: model-free kinds only: a ``--heads`` address that selects the kind without files ("name" or
+    #: "name:argument"). Returns the DrafterSpec, None when the text names another kind, or raises a
+    #: UsageError/CheckpointError for this kind's name with a bad argument.
+    address: Callable[[str, TargetSpec], DrafterSpec | None] | None = None
+    #: what other serving runtimes call this drafter, for their exporters: {runtime: speculative config}
+    #: (e.g. the TensorRT-LLM PyTorch backend's decoding_type and fields) given the spec and draft length
+    serving_configs: Callable[[DrafterSpec, int], dict[str, dict[str, Any]]] | None = None
+
+    @property
+    def model_free(self) -> bool:
+        """No weights: the kind drafts from text (selected by an address, its settings directory optional)."""
+        return self.address is not None

@@ -59,36 +59,47 @@ class BlockDrafter(ModelDrafter):
         layers = len(self.module.layers)
         self.cache = ContextCache(layers, batch, arch.num_key_value_heads, arch.head_dim, capacity, dtype)
 
+    def forget(self, rows: list[int]) -> None:
+        """Slots ``rows`` start new sequences (in-flight batching): their context cache restarts empty."""
+        self.cache.forget(rows)
+
+    def _lengths(self, rows: list[int] | None) -> torch.Tensor:
+        """Committed context positions of the sequences in slots ``rows`` (None = rows 0..B-1)."""
+        return self.cache.lengths if rows is None else self.cache.lengths[torch.as_tensor(rows, dtype=torch.long)]
+
     @torch.no_grad()
-    def observe(self, hidden, aux, tokens_in, tokens_next) -> None:
+    def observe(self, hidden, aux, tokens_in, tokens_next, rows: list[int] | None = None) -> None:
+        """Turn the aux-layer states of what was committed into context keys/values; ``rows``: the slots
+        these sequences live in (None = rows 0..B-1)."""
         if aux is None:
             raise ValueError("a block drafter needs the target's aux-layer states")
         feats, valid = pad_rows(list(aux))
-        positions = self.cache.lengths[:, None] + torch.arange(feats.shape[1])[None, :]
+        positions = self._lengths(rows)[:, None] + torch.arange(feats.shape[1])[None, :]
         kv = self.module.context_kv(feats.to(self.module.norm.weight.dtype), positions)
-        self.cache.append(kv, valid.sum(1))
+        self.cache.append(kv, valid.sum(1), rows)
 
     @torch.no_grad()
-    def block_logits(self, root: torch.Tensor) -> torch.Tensor:
-        """Logits [B, D, V] of the block's D drafts after the committed prefix (anchor = ``root``)."""
+    def block_logits(self, root: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+        """Logits [B, D, V] of the block's D drafts after the committed prefix (anchor = ``root``) of the
+        sequences in slots ``rows`` (None = rows 0..B-1)."""
         Bt, M = root.shape[0], self.module.block_size
         ids = torch.full((Bt, M), self.module.mask_token_id, dtype=torch.long)
         ids[:, 0] = root
-        positions = self.cache.lengths[:, None] + torch.arange(M)[None, :]
-        prefix, valid = self.cache.prefix()
+        positions = self._lengths(rows)[:, None] + torch.arange(M)[None, :]
+        prefix, valid = self.cache.prefix(rows)
         mask = torch.cat([valid[:, None, :].expand(Bt, M, -1), torch.ones(Bt, M, M, dtype=torch.bool)], -1)
         h = self.module.blocks(self.embed(ids), positions, prefix, mask[:, None])
         self.last_hidden = self.module.draft_states(h)
         return project(self.last_hidden, self.projection).float()
 
     @torch.no_grad()
-    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
+    def propose(self, tree: TreeBuffers, root: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
         Bt, N1 = root.shape[0], tree.size
         tokens = torch.zeros(Bt, N1, dtype=torch.long)
         tokens[:, 0] = root
         if N1 == 1:
             return tokens
-        logits = self.block_logits(root)
+        logits = self.block_logits(root, rows)
         for d in range(1, tree.max_depth + 1):
             if self.bias is None:
                 _fill_depth(tokens, tree, d, logits[:, d - 1], self.id_map)

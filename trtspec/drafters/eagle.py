@@ -57,7 +57,9 @@ def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterS
 
 
 def new_module(target: TargetSpec, num_heads: int = 1, rmsnorm: bool = True) -> nn.Module:
-    return EagleHead(layer_arch(target.arch), fc_bias=True)
+    """Trained heads have no fc bias (SafeAILab's EAGLE-LLaMA3 heads ship ``"bias": false``): vLLM's
+    EAGLE-1 drafter (llama_eagle.py) builds fc without one and would drop a trained bias silently."""
+    return EagleHead(layer_arch(target.arch), fc_bias=False)
 
 
 def save(
@@ -76,7 +78,8 @@ def save(
     }
     if info is not None:
         extra["trtspec_training"] = info
-    return save_layout(Path(out), module_state(module, dtype), "layers.0.", eagle_config(target, bias=True, **extra))
+    bias = module.fc.bias is not None
+    return save_layout(Path(out), module_state(module, dtype), "layers.0.", eagle_config(target, bias=bias, **extra))
 
 
 def build(spec: DrafterSpec, target, dtype: torch.dtype):
@@ -90,7 +93,7 @@ KIND = DrafterKind(
     load=load,
     build=build,
     make_demo=lambda target, out: save(
-        demo_init(EagleHead(layer_arch(target.arch), fc_bias=True), 2), target, out, dtype=torch.float32
+        demo_init(EagleHead(layer_arch(target.arch), fc_bias=False), 2), target, out, dtype=torch.float32
     ),
     engine=EngineRoute(layout="EagleForCausalLM", mode="eagle", triton_decoding_mode="eagle"),
     training=TrainingRecipe("recurrent", new_module, save, feature_regression=True),
@@ -102,4 +105,5 @@ KIND = DrafterKind(
         )
     ),
     formats=("eagle",),
+    export_formats=("eagle",),
 )

@@ -14,19 +14,26 @@ import torch
 from safetensors.torch import save_file
 
 from trtspec.checkpoint.target import arch_from_config, read_json
+from trtspec.errors import CheckpointError
 from trtspec.fsutil import atomic_directory
 from trtspec.spec import LlamaArch, TargetSpec
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def read_arch(path: Path, target: TargetSpec) -> tuple[LlamaArch, dict]:
-    """The drafter layer's architecture from the heads' config.json (one layer, Llama)."""
+def read_arch(path: Path, target: TargetSpec, section: str | None = None) -> tuple[LlamaArch, dict]:
+    """The drafter layer's architecture from the heads' config.json (one layer, Llama); ``section`` names a
+    nested dict that holds the layer's config instead of the top level (speculators'
+    ``transformer_layer_config``). Returns the whole config too."""
     cfg_path = path / "config.json" if path.is_dir() else path.parent / "config.json"
     cfg = read_json(cfg_path)
-    cfg.setdefault("model_type", "llama")
-    cfg.setdefault("vocab_size", target.arch.vocab_size)
-    arch = arch_from_config({**cfg, "model_type": "llama"}, cfg_path)
+    layer = cfg.get(section) if section else cfg
+    if not isinstance(layer, dict):
+        raise CheckpointError(f"config.json has no {section} dict", cfg_path)
+    layer = {"model_type": "llama", "vocab_size": target.arch.vocab_size, **layer}
+    if section is None:
+        cfg = layer
+    arch = arch_from_config({**layer, "model_type": "llama"}, cfg_path)
     return LlamaArch(**{**arch.__dict__, "num_hidden_layers": 1, "rope_theta": arch.rope_theta}), cfg
 
 

@@ -164,6 +164,6 @@ KIND = DrafterKind(
         )
     ),
     formats=("medusa",),
-    export_formats=("onnx",),
+    export_formats=("onnx", "medusa"),
     max_tree_depth=lambda spec: spec.num_heads,
 )

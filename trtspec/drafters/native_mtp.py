@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 from trtspec.checkpoint.heads.common import expect_shape, single_dtype
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, PyTorchRoute
+from trtspec.drafters.eagle_layout import layer_shapes
 from trtspec.drafters.proposers import build_pair_drafter
 from trtspec.drafters.weights import demo_init, module_state
 from trtspec.errors import CheckpointError
@@ -42,19 +43,8 @@ def detect(facts: DirFacts) -> bool:
 
 def _layer_names(arch) -> dict[str, tuple[int, ...]]:
     """The decoder layer's tensors (canonical ``layer.*`` names) with their shapes."""
-    H, I, d = arch.hidden_size, arch.intermediate_size, arch.head_dim
-    q, kv = arch.num_attention_heads * d, arch.num_key_value_heads * d
-    return {
-        "layer.input_layernorm.weight": (H,),
-        "layer.post_attention_layernorm.weight": (H,),
-        "layer.self_attn.q_proj.weight": (q, H),
-        "layer.self_attn.k_proj.weight": (kv, H),
-        "layer.self_attn.v_proj.weight": (kv, H),
-        "layer.self_attn.o_proj.weight": (H, q),
-        "layer.mlp.gate_proj.weight": (I, H),
-        "layer.mlp.up_proj.weight": (I, H),
-        "layer.mlp.down_proj.weight": (H, I),
-    }
+    parts = {"input_layernorm.weight": (arch.hidden_size,), **layer_shapes(arch, arch.hidden_size)}
+    return {f"layer.{k}": v for k, v in parts.items()}
 
 
 def load(path: Path, target: TargetSpec, allow_pickle: bool = False) -> DrafterSpec:

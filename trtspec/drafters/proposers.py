@@ -72,6 +72,10 @@ class ModelDrafter:
     lm_head: torch.Tensor | None
     draft_vocab: torch.Tensor | None
 
+    def drafted(self) -> torch.Tensor | None:
+        """Every node: a model fills the whole tree."""
+        return None
+
     def pack(self, target_projection: nn.Module) -> None:
         """Pre-pack the drafter's matmuls and vocabulary projection (bfloat16 CPU inference, models.packed).
         ``lm_head`` stays the plain weight (tree tuning reads it); ``projection`` is what proposing calls:
@@ -94,18 +98,27 @@ class HeadsDrafter(ModelDrafter):
 
     def reset(self, batch: int, capacity: int) -> None:
         self.last_hidden = None
+        self.slots = batch
 
-    def observe(self, hidden, aux, tokens_in, tokens_next) -> None:
-        self.last_hidden = torch.stack([h[-1] for h in hidden])
+    def forget(self, rows: list[int]) -> None:
+        """Nothing to clear: a slot's next ``observe`` replaces its hidden state."""
+
+    def observe(self, hidden, aux, tokens_in, tokens_next, rows=None) -> None:
+        last = torch.stack([h[-1] for h in hidden])
+        if rows is None:
+            self.last_hidden = last
+            return
+        if self.last_hidden is None or self.last_hidden.shape[0] != self.slots:
+            self.last_hidden = last.new_zeros(self.slots, last.shape[-1])
+        self.last_hidden[rows] = last
 
     @torch.no_grad()
-    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
+    def propose(self, tree: TreeBuffers, root: torch.Tensor, rows=None) -> torch.Tensor:
         tokens = torch.zeros(root.shape[0], tree.size, dtype=torch.long)
         tokens[:, 0] = root
+        hidden = self.last_hidden if rows is None else self.last_hidden[rows]
         for d in range(1, tree.max_depth + 1):  # only the heads the tree reaches
-            _fill_depth(
-                tokens, tree, d, self.heads.heads[d - 1](self.last_hidden, self.projection).float(), self.id_map
-            )
+            _fill_depth(tokens, tree, d, self.heads.heads[d - 1](hidden, self.projection).float(), self.id_map)
         return tokens
 
 
@@ -137,22 +150,50 @@ class RecurrentDrafter(ModelDrafter):
         self.last_out: torch.Tensor | None = None
         self.last_logits: torch.Tensor | None = None
 
+    def forget(self, rows: list[int]) -> None:
+        """Slots ``rows`` start new sequences (in-flight batching): their cache and counters restart."""
+        from trtspec.models.kv_rows import free_rows
+
+        free_rows(self.cache, rows)
+        self.target_len[rows] = 0
+
+    def _view(self, rows):
+        """The cache as the next forward sees it: all rows, or the slots ``rows`` (models.kv_rows)."""
+        if rows is None:
+            return self.cache
+        from trtspec.models.kv_rows import KVRows
+
+        return KVRows(self.cache, rows)
+
+    def _keep(self, name: str, value: torch.Tensor | None, rows) -> None:
+        """Store per-row state ``name`` for all rows, or into the slots ``rows``."""
+        if rows is None or value is None:
+            setattr(self, name, value)
+            return
+        full = getattr(self, name)
+        if full is None or full.shape[0] != self.target_len.shape[0]:
+            full = value.new_zeros(self.target_len.shape[0], *value.shape[1:])
+            setattr(self, name, full)
+        full[rows] = value
+
     def _step(
         self,
         tokens: torch.Tensor,
         features: torch.Tensor | None,
         new_mask: torch.Tensor,
         depth_offset: torch.Tensor | None = None,
+        cache=None,
     ) -> torch.Tensor:
         """Run the drafter on new tokens (not committed); returns its outputs [B, T, H]."""
+        cache = self.cache if cache is None else cache
         T = tokens.shape[1]
-        positions = self.cache.lengths[:, None] + (
+        positions = cache.lengths[:, None] + (
             depth_offset[None, :] if depth_offset is not None else torch.arange(T)[None, :]
         )
         if self.is_draft_model:
-            hidden, _ = self.module(tokens, positions, self.cache, new_mask)
+            hidden, _ = self.module(tokens, positions, cache, new_mask)
             return hidden
-        return self.module.features(self.embed(tokens), features, positions, self.cache, new_mask)
+        return self.module.features(self.embed(tokens), features, positions, cache, new_mask)
 
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
         if self.is_draft_model:
@@ -160,47 +201,57 @@ class RecurrentDrafter(ModelDrafter):
         return self.module.head_logits(out, self.projection)
 
     @torch.no_grad()
-    def observe(self, hidden, aux, tokens_in, tokens_next) -> None:
+    def observe(self, hidden, aux, tokens_in, tokens_next, rows=None) -> None:
+        """``rows``: the slots these sequences live in (in-flight batching); None = rows 0..B-1."""
         B = len(tokens_next)
+        cache = self._view(rows)
+        target_len = self.target_len if rows is None else self.target_len[rows]
         if self.is_draft_model:
-            rows = []
+            seqs = []
             for b in range(B):
                 seq = torch.cat([tokens_in[b], tokens_next[b][-1:]])
-                skip = int(self.cache.lengths[b] - self.target_len[b])
-                rows.append(seq[skip:])
+                skip = int(cache.lengths[b] - target_len[b])
+                seqs.append(seq[skip:])
             feats = None
         else:
-            rows = list(tokens_next)
+            seqs = list(tokens_next)
             src = aux if self.aux_layers else hidden
             feats, _ = pad_rows(list(src))
-        toks, valid = pad_rows(rows)
+        toks, valid = pad_rows(seqs)
         mask = causal_mask(toks.shape[1]) & valid[:, None, :]
-        out = self._step(toks, feats, mask)
+        out = self._step(toks, feats, mask, cache=cache)
         counts = valid.sum(1)
-        self.cache.commit([torch.arange(int(c)) for c in counts])
+        cache.commit([torch.arange(int(c)) for c in counts])
         last_out = out[torch.arange(B), counts - 1]
-        self.last_logits = self._logits(last_out)
-        self.last_out = None if self.is_draft_model else last_out
-        self.target_len += torch.tensor([t.shape[0] for t in tokens_in])
+        self._keep("last_logits", self._logits(last_out), rows)
+        self._keep("last_out", None if self.is_draft_model else last_out, rows)
+        seen = torch.tensor([t.shape[0] for t in tokens_in])
+        if rows is None:
+            self.target_len += seen
+        else:
+            self.target_len[rows] += seen
 
     @torch.no_grad()
-    def propose(self, tree: TreeBuffers, root: torch.Tensor) -> torch.Tensor:
+    def propose(self, tree: TreeBuffers, root: torch.Tensor, rows=None) -> torch.Tensor:
         B, N1 = root.shape[0], tree.size
         tokens = torch.zeros(B, N1, dtype=torch.long)
         tokens[:, 0] = root
         if N1 == 1:
             return tokens
-        _fill_depth(tokens, tree, 1, self.last_logits, self.id_map)
+        cache = self._view(rows)
+        last_logits = self.last_logits if rows is None else self.last_logits[rows]
+        last_out = self.last_out if rows is None or self.last_out is None else self.last_out[rows]
+        _fill_depth(tokens, tree, 1, last_logits, self.id_map)
         feats = None
-        if self.last_out is not None:
-            feats = self.last_out.new_zeros(B, N1, self.last_out.shape[-1])
-            feats[:, 0] = self.last_out
+        if last_out is not None:
+            feats = last_out.new_zeros(B, N1, last_out.shape[-1])
+            feats[:, 0] = last_out
         for d in range(2, tree.max_depth + 1):
             M = tree.count_up_to_depth(d - 1)  # nodes 1..M (sorted by depth)
             nodes = torch.arange(1, M + 1)
             parent_feats = feats[:, tree.parents[nodes]] if feats is not None else None
             mask = tree.mask[1 : M + 1, 1 : M + 1][None]
-            out = self._step(tokens[:, nodes], parent_feats, mask, depth_offset=tree.depths[nodes] - 1)
+            out = self._step(tokens[:, nodes], parent_feats, mask, depth_offset=tree.depths[nodes] - 1, cache=cache)
             if feats is not None:
                 feats[:, 1 : M + 1] = out
             expand = [n for n in tree.nodes_at_depth(d - 1) if tree.children(n)]

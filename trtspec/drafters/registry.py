@@ -14,6 +14,7 @@ from trtspec.checkpoint.tensors import read_safetensors_header
 from trtspec.drafters.base import DirFacts, DrafterKind
 from trtspec.drafters.trtspec_heads import META_FILE
 from trtspec.errors import CheckpointError, UsageError
+from trtspec.spec import DrafterSpec, TargetSpec
 
 #: Kind modules in detection order (files that could match two kinds go to the earlier one).
 _MODULES = (
@@ -26,6 +27,8 @@ _MODULES = (
     "trtspec.drafters.eagle",
     "trtspec.drafters.native_mtp",  # before draft-model: both are HF directories with model.layers.*
     "trtspec.drafters.draft_model",
+    "trtspec.drafters.ngram",
+    "trtspec.drafters.suffix",
 )
 
 KINDS: dict[str, DrafterKind] = {}
@@ -40,6 +43,21 @@ def names() -> tuple[str, ...]:
 
 def trainable() -> tuple[str, ...]:
     return tuple(n for n, k in KINDS.items() if k.training is not None)
+
+
+def model_free() -> tuple[str, ...]:
+    """Kinds selected by an address (``--heads NAME[:ARG]``) rather than files."""
+    return tuple(n for n, k in KINDS.items() if k.model_free)
+
+
+def from_address(text: str, target: TargetSpec) -> DrafterSpec | None:
+    """The model-free drafter an address names (``ngram``, ``suffix:corpus.txt``, ...), or None."""
+    for kind in KINDS.values():
+        if kind.address is not None:
+            spec = kind.address(text, target)
+            if spec is not None:
+                return spec
+    return None
 
 
 def get(name: str) -> DrafterKind:

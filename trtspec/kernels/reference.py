@@ -14,6 +14,7 @@ import torch
 
 from trtspec.kernels.bindings import TreeVerifyOutput, rmsnorm_out_shape
 from trtspec.models.llama import rms_norm
+from trtspec.runtime.ops import greedy_walk
 from trtspec.runtime.verify import (
     VerifyResult,
     process_logits,
@@ -100,44 +101,6 @@ def tree_verify_reference(
 def tree_verify_greedy_batched(
     paths: torch.Tensor, draft_tokens: torch.Tensor, target_ids: torch.Tensor
 ) -> TreeVerifyOutput:
-    """Greedy verification with tensor ops only (any device): verify.py's walk, one tree level at a time.
-
-    At depth d every sequence still walking looks at the paths through its current node: a path's node at
-    depth d is a candidate when its token equals the target's argmax at the current node, and the
-    sequence moves to the candidate with the lowest node index (= the first child in rank order, which is
-    what verify.py takes when siblings share a token). The best path is the first path holding the last
-    accepted node at its depth.
-    """
-    paths = paths.long()
-    device = paths.device
-    b = draft_tokens.shape[0]
-    p, width = paths.shape
-    tok = draft_tokens.long()
-    arg = target_ids.long()
-    big = torch.iinfo(torch.long).max
-    cur = torch.zeros(b, dtype=torch.long, device=device)
-    alive = torch.ones(b, dtype=torch.bool, device=device)
-    accepted = torch.zeros(b, dtype=torch.long, device=device)
-    keep = torch.full((b, width), -1, dtype=torch.long, device=device)
-    keep[:, 0] = 0
-    tokens = torch.full((b, width), -1, dtype=torch.long, device=device)
-    want = arg[:, 0]
-    for d in range(1, width):
-        node = paths[:, d]  # [P] node at depth d of each path
-        parent = paths[:, d - 1]
-        valid = (node >= 0)[None, :] & (parent[None, :] == cur[:, None])  # [B, P]
-        node_tok = tok[:, node.clamp(min=0)]  # [B, P]
-        match = valid & (node_tok == want[:, None]) & alive[:, None]
-        nxt = torch.where(match, node[None, :].expand(b, p), torch.full_like(node_tok, big)).min(-1).values
-        moved = nxt != big
-        tokens[:, d - 1] = torch.where(moved, want, tokens[:, d - 1])
-        keep[:, d] = torch.where(moved, nxt, keep[:, d])
-        cur = torch.where(moved, nxt, cur)
-        accepted += moved.long()
-        alive &= moved
-        want = arg.gather(1, cur[:, None])[:, 0]
-    bonus = arg.gather(1, cur[:, None])  # argmax at the last accepted node
-    tokens.scatter_(1, accepted[:, None], bonus)
-    at_depth = paths.t()[accepted]  # [B, P] node of each path at that depth
-    best = (at_depth == cur[:, None]).int().argmax(-1)  # first path holding it
-    return TreeVerifyOutput(accepted.int(), tokens.int(), best.int(), keep.int())
+    """Greedy verification with tensor ops only (any device): trtspec.runtime.ops.greedy_walk, the CPU
+    implementation of the ``trtspec::tree_verify`` operator, in the kernel's output type."""
+    return TreeVerifyOutput(*greedy_walk(paths, draft_tokens, target_ids))

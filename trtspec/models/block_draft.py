@@ -213,9 +213,13 @@ class ContextCache:
         self.v = [torch.zeros_like(t) for t in self.k]
         self.lengths = torch.zeros(batch, dtype=torch.long)
 
-    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]], counts: torch.Tensor) -> None:
-        """Append the first ``counts[b]`` rows of each layer's (k, v) [B, T, ...] after sequence b's prefix."""
-        need = int((self.lengths + counts).max())
+    def append(
+        self, kv: list[tuple[torch.Tensor, torch.Tensor]], counts: torch.Tensor, rows: list[int] | None = None
+    ) -> None:
+        """Append the first ``counts[b]`` rows of each layer's (k, v) [B, T, ...] after sequence b's prefix.
+        ``rows``: the slots the B sequences live in (in-flight batching); None = rows 0..B-1."""
+        slots = torch.arange(counts.shape[0]) if rows is None else torch.as_tensor(rows, dtype=torch.long)
+        need = int((self.lengths[slots] + counts).max())
         if need > self.k[0].shape[1]:
             grow = max(need, 2 * self.k[0].shape[1])
             for store in (self.k, self.v):
@@ -223,15 +227,26 @@ class ContextCache:
                     new = t.new_zeros(t.shape[0], grow, *t.shape[2:])
                     new[:, : t.shape[1]] = t
                     store[i] = new
-        for b, n in enumerate(counts.tolist()):
-            start = int(self.lengths[b])
+        for b, (slot, n) in enumerate(zip(slots.tolist(), counts.tolist())):
+            start = int(self.lengths[slot])
             for i, (k, v) in enumerate(kv):
-                self.k[i][b, start : start + n] = k[b, :n].to(self.k[i].dtype)
-                self.v[i][b, start : start + n] = v[b, :n].to(self.v[i].dtype)
-        self.lengths += counts
+                self.k[i][slot, start : start + n] = k[b, :n].to(self.k[i].dtype)
+                self.v[i][slot, start : start + n] = v[b, :n].to(self.v[i].dtype)
+        self.lengths[slots] += counts
 
-    def prefix(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-        """Per layer (k, v) up to the longest sequence, and the validity [B, S] of each key."""
-        S = int(self.lengths.max())
-        valid = torch.arange(S)[None, :] < self.lengths[:, None]
-        return [(k[:, :S], v[:, :S]) for k, v in zip(self.k, self.v)], valid
+    def forget(self, rows: list[int]) -> None:
+        """Slots ``rows`` start new sequences: their context restarts empty (old keys are masked out)."""
+        self.lengths[torch.as_tensor(rows, dtype=torch.long)] = 0
+
+    def prefix(self, rows: list[int] | None = None) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        """Per layer (k, v) up to the longest sequence, and the validity [B, S] of each key; for the slots
+        ``rows`` only when given (gathered), all rows otherwise."""
+        if rows is None:
+            S = int(self.lengths.max())
+            valid = torch.arange(S)[None, :] < self.lengths[:, None]
+            return [(k[:, :S], v[:, :S]) for k, v in zip(self.k, self.v)], valid
+        slots = torch.as_tensor(rows, dtype=torch.long)
+        lengths = self.lengths[slots]
+        S = int(lengths.max())
+        valid = torch.arange(S)[None, :] < lengths[:, None]
+        return [(k[slots, :S], v[slots, :S]) for k, v in zip(self.k, self.v)], valid

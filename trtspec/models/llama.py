@@ -102,6 +102,16 @@ class KVCache:
                 new[:, : old.shape[1]] = old
                 store[i] = new
 
+    def store(self, layer: int, k: torch.Tensor, v: torch.Tensor, S: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write a forward's new K/V [B, T, n_kv, d] after each sequence's committed prefix (not committed
+        yet) and return the layer's first ``S`` keys and values as [B, n_kv, S, d] for attention."""
+        B, T = k.shape[:2]
+        pos = self.lengths[:, None] + torch.arange(T, device=k.device)[None, :]
+        bidx = torch.arange(B, device=k.device)[:, None]
+        self.k[layer][bidx, pos] = k.to(self.k[layer].dtype)
+        self.v[layer][bidx, pos] = v.to(self.v[layer].dtype)
+        return self.k[layer][:, :S].transpose(1, 2), self.v[layer][:, :S].transpose(1, 2)
+
     def commit(self, keep: list[torch.Tensor]) -> None:
         """Keep, per sequence b, the new-token offsets ``keep[b]`` (ascending), compacted after the
         committed prefix; everything else written by the last forward is dropped (KV rewind)."""
@@ -213,13 +223,7 @@ class Attention(nn.Module):
         c, s = cos[:, :, None, :], sin[:, :, None, :]
         q = q * c + rotate_half(q) * s
         k = k * c + rotate_half(k) * s
-        pos = cache.lengths[:, None] + torch.arange(T, device=x.device)[None, :]
-        bidx = torch.arange(B, device=x.device)[:, None]
-        cache.k[layer][bidx, pos] = k.to(cache.k[layer].dtype)
-        cache.v[layer][bidx, pos] = v.to(cache.v[layer].dtype)
-        S = mask.shape[-1]
-        keys = cache.k[layer][:, :S].transpose(1, 2)
-        vals = cache.v[layer][:, :S].transpose(1, 2)
+        keys, vals = cache.store(layer, k, v, mask.shape[-1])
         if self.batch_invariant and T <= EXACT_ATTENTION_MAX_TOKENS:
             out = exact_attention(q.transpose(1, 2), keys, vals, mask)
         else:

@@ -135,11 +135,14 @@ class AdaptiveSpeculation:
             return best
         return 0
 
-    def record(self, accepted: list[int], wall_s: float) -> None:
-        """What the step chosen by the last ``choose`` cost and accepted (one entry per live sequence)."""
+    def record(self, accepted: list[int], wall_s: float, trimmed: bool = False) -> None:
+        """What the step chosen by the last ``choose`` cost and accepted (one entry per live sequence).
+        ``trimmed``: the drafter filled only part of the tree (model-free, short matches) and the loop
+        verified less, so the wall time is not this option's cost (its acceptance still counts)."""
         k = self._last
-        self.times[k].append(wall_s)
-        del self.times[k][1 : -self.window]  # keep the first (warm-up) sample and a window of recent ones
+        if not trimmed:
+            self.times[k].append(wall_s)
+            del self.times[k][1 : -self.window]  # keep the first (warm-up) sample and a window of recent ones
         if k == 0 or not accepted:
             return
         if self._explored < self.explore_steps:
@@ -154,3 +157,50 @@ class AdaptiveSpeculation:
         if self._explored >= self.explore_steps:
             pays = (self.rate(k) or 0.0) > (self.rate(0) or 0.0) * (1 + self.margin)
             self._interval = self.probe_every if pays else min(2 * self._interval, self.max_probe_every)
+
+
+@dataclass
+class SourceChoice:
+    """With a model drafter and a model-free one beside it: keep running the model drafter while that pays.
+
+    Two modes are measured on this request: "model" (the model drafter proposes; the model-free proposal
+    replaces it per sequence where it is expected to do better) and "model-free" (the model-free drafter
+    alone: no model forward, and plain steps where nothing matches). Each mode's rate is committed tokens
+    per sequence per second over its recent steps; the faster one is used, and the other is probed every
+    ``probe_every`` steps. So when the model drafter's acceptance falls below its break-even (its tokens no
+    longer pay for its forward and its tree), drafting switches to the model-free drafter; only when that
+    does not pay either does ``AdaptiveSpeculation`` stop speculating altogether.
+    """
+
+    warmup: int = 3  # steps measured in each mode before the first decision
+    window: int = 8
+    probe_every: int = 16
+    samples: dict[bool, list[tuple[float, float]]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.samples = {True: [], False: []}
+        self._since_probe = 0
+
+    def rate(self, use_model: bool) -> float | None:
+        """Tokens per sequence per second in that mode (its first step, the warm-up, dropped once others exist)."""
+        s = self.samples[use_model]
+        s = s[1:][-self.window :] if len(s) > 1 else s
+        wall = sum(w for _, w in s)
+        return sum(t for t, _ in s) / wall if s and wall > 0 else None
+
+    def use_model(self) -> bool:
+        for mode in (True, False):
+            if len(self.samples[mode]) < self.warmup:
+                return mode
+        best = (self.rate(True) or 0.0) >= (self.rate(False) or 0.0)
+        self._since_probe += 1
+        if self._since_probe >= self.probe_every:
+            self._since_probe = 0
+            return not best
+        return best
+
+    def record(self, used_model: bool, accepted: list[int], wall_s: float) -> None:
+        """One step in a mode: ``accepted`` per live sequence (each also committed a bonus token)."""
+        if accepted:
+            self.samples[used_model].append((1 + sum(accepted) / len(accepted), wall_s))
+            del self.samples[used_model][1 : -self.window]

@@ -25,10 +25,12 @@ import torch
 
 from trtspec.drafters import registry
 from trtspec.drafters.base import Drafter
+from trtspec.drafters.combined import CombinedDrafter
 from trtspec.drafters.proposers import pad_rows
 from trtspec.models.llama import KVCache, LlamaModel, build_llama, causal_mask
 from trtspec.models.packed import pack_if_bf16
-from trtspec.runtime.adaptive import AdaptiveSpeculation
+from trtspec.runtime.adaptive import AdaptiveSpeculation, SourceChoice
+from trtspec.runtime.ops import verify_greedy_op
 from trtspec.runtime.verify import VerifyResult, process_logits, verify_greedy, verify_sampling
 from trtspec.spec import SpecModel
 from trtspec.tree import TreeBuffers, build_tree
@@ -46,6 +48,9 @@ class GenerationConfig:
     #: choose each step's tree (down to none) from measured step costs and acceptance (runtime.adaptive);
     #: off by default here so the oracle's step count is a function of its inputs alone
     adaptive: bool = False
+    #: greedy verification through the torch operator ``trtspec::tree_verify`` (runtime.ops) instead of
+    #: verify.py's loop: the path the PyTorch backend and the CUDA kernels take; same tokens
+    kernel_ops: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -236,6 +241,27 @@ def propose(drafter: Drafter | None, tree: TreeBuffers, batch: Batch) -> torch.T
     return drafter.propose(tree, batch.root) if drafter is not None else batch.root[:, None]
 
 
+def trim_to_drafted(
+    tree: TreeBuffers, drafts: torch.Tensor, drafted: torch.Tensor | None, done: list[bool], trees: dict
+) -> tuple[TreeBuffers, torch.Tensor]:
+    """The step's tree cut to the nodes some live sequence (``done[b]`` False) drafted
+    (``Drafter.drafted``), and those columns of the drafts: a model-free drafter that matched little
+    costs the target little, and one that matched nothing costs a plain step. A drafted node's parent is
+    drafted, so the cut is a tree; node order is kept (both trees sort choices the same way). ``trees``
+    caches the cut trees."""
+    if drafted is None:
+        return tree, drafts
+    live = torch.tensor([not d for d in done])
+    keep = (drafted[live] if live.any() else drafted).any(0)
+    if bool(keep.all()):
+        return tree, drafts
+    nodes = tuple(int(n) for n in torch.nonzero(keep[1:]).flatten() + 1)
+    key = (tree.choices, nodes)
+    if key not in trees:
+        trees[key] = build_tree(tuple(tree.choices[n - 1] for n in nodes))
+    return trees[key], drafts[:, [0, *nodes]]
+
+
 _SUBTREES: dict[tuple, TreeBuffers] = {}
 
 
@@ -254,6 +280,18 @@ def scheduled(drafter: Drafter, tree: TreeBuffers, drafts: torch.Tensor) -> tupl
     return sub, drafts[:, : sub.size]
 
 
+def to_verify(
+    drafter: Drafter, tree: TreeBuffers, drafts: torch.Tensor, done: list[bool], trees: dict
+) -> tuple[TreeBuffers, torch.Tensor]:
+    """The part of a proposal the target verifies, shared by the oracle loop and in-flight batching:
+    only as deep as the drafter asks (``scheduled``), then only the nodes some live sequence drafted
+    (``trim_to_drafted``; ``trees`` caches its cut trees). Output is unaffected; the cost is not."""
+    tree, drafts = scheduled(drafter, tree, drafts)  # a prefix of the columns
+    drafted = drafter.drafted()
+    drafted = drafted[:, : tree.size] if drafted is not None else None
+    return trim_to_drafted(tree, drafts, drafted, done, trees)
+
+
 def verify(
     target: LlamaModel, tree: TreeBuffers, drafts: torch.Tensor, batch: Batch, aux_layers: tuple[int, ...]
 ) -> tuple[VerifyResult, torch.Tensor, tuple[torch.Tensor, ...]]:
@@ -264,7 +302,8 @@ def verify(
     logits = target.logits(hidden)
     cfg = batch.cfg
     if cfg.greedy:
-        return verify_greedy(tree, drafts, logits.argmax(-1)), hidden, aux
+        walk = verify_greedy_op if cfg.kernel_ops else verify_greedy
+        return walk(tree, drafts, logits.argmax(-1)), hidden, aux
     probs = process_logits(logits, cfg.temperature, cfg.top_k, cfg.top_p)
     return verify_sampling(tree, drafts, probs, seed=cfg.seed * 1_000_003 + batch.steps), hidden, aux
 
@@ -339,23 +378,32 @@ def decode(
     if drafter is None or tree.num_nodes == 0:
         drafter, tree = None, build_tree(())
     policy = AdaptiveSpeculation(tree) if cfg.adaptive and drafter is not None else None
+    # a model drafter with a model-free one beside it: adaptive runs measure whether the model still pays
+    switch = SourceChoice() if policy is not None and isinstance(drafter, CombinedDrafter) else None
     batch, first = prefill(target, drafter, prompts, cfg, tree)
     yield first
     aux_layers = drafter.aux_layers if drafter is not None else ()
+    trimmed_trees: dict = {}
     while not all(batch.done):
         step_tree = policy.choose() if policy is not None else tree
         t0 = time.perf_counter()
         speculating = drafter is not None and step_tree.num_nodes > 0
+        chosen_tree = step_tree
         if speculating:
             observe_pending(drafter, batch)
+            if switch is not None:
+                drafter.use_model = switch.use_model()
         drafts = propose(drafter if speculating else None, step_tree, batch)
         if speculating:
-            step_tree, drafts = scheduled(drafter, step_tree, drafts)
+            step_tree, drafts = to_verify(drafter, step_tree, drafts, batch.done, trimmed_trees)
         res, hidden, aux = verify(target, step_tree, drafts, batch, aux_layers)
         fresh, accepted = commit(drafter, step_tree, batch, drafts, res, hidden, aux)
         wall = time.perf_counter() - t0
+        live = [a for a in accepted if a is not None]
         if policy is not None:
-            policy.record([a for a in accepted if a is not None], wall)
+            policy.record(live, wall, trimmed=step_tree is not chosen_tree)
+        if switch is not None and speculating:
+            switch.record(drafter.use_model, live, wall)
         yield StepOutput(
             fresh,
             accepted,
@@ -378,6 +426,9 @@ class SpeculativeGenerator:
         self.drafter: Drafter | None = None
         if spec.drafter is not None:
             self.drafter = registry.get(spec.drafter.kind).build(spec.drafter, self.target, self.dtype)
+        if spec.drafter is not None and spec.also is not None:  # a model-free drafter beside the model's
+            free = registry.get(spec.also.kind).build(spec.also, self.target, self.dtype)
+            self.drafter = CombinedDrafter(self.drafter, free)
         self.packed = pack_if_bf16(self.target, self.dtype, device)
         if self.packed and self.drafter is not None:
             self.drafter.pack(self.target.lm_head)

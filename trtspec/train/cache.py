@@ -12,6 +12,12 @@ and tree tuning all read the same files. Layout (``<cache>/``):
                plens.npy       int32 [s]       prompt length of each sequence (generate mode; 1 for teacher)
                topk_ids.npy    int32 [n, k]    (when topk > 0) the target's k best tokens at q ...
                topk_logits.npy float16 [n, k]  ... and their logits (soft labels)
+               aux.npy         float16 [n, A*H] (when aux layers are asked for) the residual stream entering
+                                               each of the A target layers ``meta["aux_layers"]`` (sorted),
+                                               concatenated: the features of drafters that fuse several
+                                               target layers (a kind's ``TrainingRecipe.aux_layers``)
+               lossmask.npy    uint8 [n]       (teacher mode, chat data) 1 where x_q is assistant text: the
+                                               loss is taken only on predictions of such tokens
 
 Shards are written to a temp dir and renamed, then meta.json is replaced atomically, so an interrupted
 build (Ctrl-C, a killed job) resumes at the last finished shard and never leaves a half shard behind.
@@ -76,6 +82,8 @@ class _Record:
     topk_ids: np.ndarray | None
     topk_logits: np.ndarray | None
     plen: int = 1
+    aux: np.ndarray | None = None
+    mask: np.ndarray | None = None  # uint8 [n]: 1 where the token is one the loss may predict
 
 
 def _labels(model: LlamaModel, hidden: torch.Tensor, topk: int):
@@ -103,14 +111,17 @@ class _Parts:
         self.argmax: list[torch.Tensor] = []
         self.ti: list[torch.Tensor] = []
         self.tv: list[torch.Tensor] = []
+        self.aux: list[torch.Tensor] = []
 
-    def add(self, tokens, hidden, argmax, ti, tv) -> None:
+    def add(self, tokens, hidden, argmax, ti, tv, aux=None) -> None:
         self.tokens.append(tokens)
         self.hidden.append(hidden)
         self.argmax.append(argmax)
         if ti is not None:
             self.ti.append(ti)
             self.tv.append(tv)
+        if aux is not None:
+            self.aux.append(aux)
 
     def record(self, generated: bool) -> _Record:
         return _Record(
@@ -120,18 +131,24 @@ class _Parts:
             torch.cat(self.ti).numpy().astype(np.int32) if self.ti else None,
             torch.cat(self.tv).to(torch.float16).numpy() if self.tv else None,
             self.plen if generated else 1,
+            _to_f16(torch.cat(self.aux).float()) if self.aux else None,
         )
 
 
-def _prefill(model: LlamaModel, rows: list[list[int]], topk: int):
+def _aux_cat(aux: list[torch.Tensor]) -> torch.Tensor | None:
+    return torch.cat(aux, -1) if aux else None
+
+
+def _prefill(model: LlamaModel, rows: list[list[int]], topk: int, aux_layers: tuple[int, ...] = ()):
     """Run prompts (right-padded, causal) in one forward into a fresh cache; label every valid position
     with one lm_head call (not one per prompt: a bigger matmul is a faster one). Returns the cache, the
-    lengths and per row (tokens, hidden, argmax, topk ids, topk logits)."""
+    lengths and per row (tokens, hidden, argmax, topk ids, topk logits, aux layers' states or None)."""
     B = len(rows)
     ids, valid = _pad(rows)
     T = ids.shape[1]
     cache = model.new_cache(B, T)
-    hidden, _ = model(ids, torch.arange(T)[None].expand(B, -1), cache, causal_mask(T) & valid[:, None, :])
+    hidden, aux = model(ids, torch.arange(T)[None].expand(B, -1), cache, causal_mask(T) & valid[:, None, :], aux_layers)
+    aux_all = _aux_cat(aux)
     lengths = valid.sum(1)
     cache.commit([torch.arange(int(n)) for n in lengths])
     am, ti, tv = _labels(model, hidden[valid], topk)
@@ -145,6 +162,7 @@ def _prefill(model: LlamaModel, rows: list[list[int]], topk: int):
                 am[a : a + n],
                 ti[a : a + n] if ti is not None else None,
                 tv[a : a + n] if tv is not None else None,
+                aux_all[b, :n] if aux_all is not None else None,
             )
         )
         a += n
@@ -183,7 +201,13 @@ def _compact(cache: KVCache, keep: list[int]) -> None:
 
 @torch.no_grad()
 def generate_pool(
-    model: LlamaModel, items: list[list[int]], gen_tokens: int, topk: int, eos: set[int], rows: int
+    model: LlamaModel,
+    items: list[list[int]],
+    gen_tokens: int,
+    topk: int,
+    eos: set[int],
+    rows: int,
+    aux_layers: tuple[int, ...] = (),
 ) -> list[_Record]:
     """Greedy replies of up to ``gen_tokens`` tokens to every item, ``rows`` sequences decoding at once
     with a KV cache (continuous batching): when a reply ends (EOS or length), the next prompt is prefilled
@@ -207,7 +231,7 @@ def generate_pool(
             nxt += len(take)
             got, lengths, subs = [], [], []
             for chunk in _prefill_chunks([len(items[i]) for i in take]):  # bounded padding per prefill
-                sub, lens, g = _prefill(model, [items[take[j]] for j in chunk], topk)
+                sub, lens, g = _prefill(model, [items[take[j]] for j in chunk], topk, aux_layers)
                 got += g
                 lengths += [int(x) for x in lens]
                 subs += [(sub, k) for k in range(len(chunk))]
@@ -236,7 +260,8 @@ def generate_pool(
             cur = cur[live]
             W = len(live)
             live = list(range(W))
-        h, _ = model(cur[:, None], cache.lengths[:, None], cache, causal_mask(1))
+        h, aux = model(cur[:, None], cache.lengths[:, None], cache, causal_mask(1), aux_layers)
+        aux_all = _aux_cat(aux)
         cache.commit([torch.arange(1 if slot[r] >= 0 else 0) for r in range(W)])
         am, ti, tv = _labels(model, h[:, 0], topk)
         for r in live:
@@ -246,6 +271,7 @@ def generate_pool(
                 am[r : r + 1],
                 ti[r : r + 1] if ti is not None else None,
                 tv[r : r + 1] if tv is not None else None,
+                aux_all[r, 0:1] if aux_all is not None else None,
             )
             steps_left[r] -= 1
             if steps_left[r] == 0 or int(am[r]) in eos:
@@ -263,13 +289,15 @@ def run_items(
     topk: int,
     eos: set[int],
     rows: int | None = None,
+    aux_layers: tuple[int, ...] = (),
 ) -> list[_Record]:
     """Records for ``items``: ``teacher`` -- one batched prefill, labels on the data's own tokens;
     ``generate`` -- the target's greedy replies (``generate_pool`` with ``rows`` sequences in flight,
-    default all). The same model code as the runtime's target forward."""
+    default all). The same model code as the runtime's target forward; ``aux_layers``: also record the
+    residual stream entering those layers, as the runtime hands it to drafters that ask for it."""
     if mode == "generate":
-        return generate_pool(model, items, gen_tokens, topk, eos, rows or len(items))
-    _, _, got = _prefill(model, items, topk)
+        return generate_pool(model, items, gen_tokens, topk, eos, rows or len(items), aux_layers)
+    _, _, got = _prefill(model, items, topk, aux_layers)
     out = []
     for g in got:
         p = _Parts(1)
@@ -291,6 +319,10 @@ def _write_shard(directory: Path, name: str, records: list[_Record]) -> int:
     if records[0].topk_ids is not None:
         np.save(tmp / "topk_ids.npy", np.concatenate([r.topk_ids for r in records]))
         np.save(tmp / "topk_logits.npy", np.concatenate([r.topk_logits for r in records]))
+    if records[0].aux is not None:
+        np.save(tmp / "aux.npy", np.concatenate([r.aux for r in records]))
+    if records[0].mask is not None:
+        np.save(tmp / "lossmask.npy", np.concatenate([r.mask for r in records]))
     final = directory / name
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -317,8 +349,17 @@ def build_cache(
     rank: int = 0,
     world: int = 1,
     dtype: str = "float32",
+    aux_layers: tuple[int, ...] | list[int] = (),
+    loss_masks: list[list[int]] | None = None,
 ) -> Path:
     """Build (or resume) the cache for ``items`` (token-id prompts/texts). Returns the cache dir.
+
+    ``aux_layers``: also store the residual stream entering these target layers (``aux.npy``). They are
+    not part of the data hash: a cache that already holds every asked layer is reused as it is (so one
+    cache serves a kind that fuses target layers and one that does not); one that lacks some is refused.
+
+    ``loss_masks`` (teacher mode): per item, 1 for each token the loss may predict (the assistant turns of
+    chat data, ``train.data.encode_text_with_mask``); without them every teacher-mode token counts.
 
     ``dtype`` is the target's compute dtype: ``bfloat16`` (pre-packed oneDNN matmuls on CPUs with native
     bfloat16) caches several times faster and labels what a bfloat16 deployment of the target says; on
@@ -334,6 +375,8 @@ def build_cache(
         raise UsageError(f"unknown cache mode {mode!r}; use generate or teacher")
     if not items:
         raise UsageError("no data items to cache")
+    if loss_masks is not None and (mode != "teacher" or [len(m) for m in loss_masks] != [len(i) for i in items]):
+        raise UsageError("loss masks are for teacher mode, one 0/1 per token of every item")
     out = Path(out)
     options = {
         "mode": mode,
@@ -345,9 +388,14 @@ def build_cache(
     }
     if dtype != "float32":  # float32 caches keep the hash they had before the option existed
         options["dtype"] = dtype
-    dhash = data_hash(items, options)
+    if loss_masks is not None:
+        options["loss_mask"] = True
+    dhash = data_hash(items if loss_masks is None else [*items, *loss_masks], options)
+    wanted = sorted({int(i) for i in aux_layers})
+    L = target.arch.num_hidden_layers
+    if any(not 0 <= i < L for i in wanted):
+        raise UsageError(f"aux layers {wanted} are not all layers of the {L}-layer target")
     part = out / f"part-{rank}-of-{world}"
-    part.mkdir(parents=True, exist_ok=True)
     meta_path = part / META
     if meta_path.is_file():
         meta = json.loads(meta_path.read_text())
@@ -356,7 +404,14 @@ def build_cache(
                 f"{out}: this cache was built from other data, options or target "
                 f"(hash {meta.get('data_hash')} != {dhash}); delete it or pass another --cache"
             )
+        missing = sorted(set(wanted) - set(meta.get("aux_layers", [])))
+        if missing:
+            raise UsageError(
+                f"{out}: this cache holds the target's layer inputs {meta.get('aux_layers', [])}, not {missing} "
+                "that this drafter kind reads; delete it or pass another --cache"
+            )
     else:
+        part.mkdir(parents=True, exist_ok=True)
         meta = {
             "format": FORMAT,
             "version": 1,
@@ -366,6 +421,7 @@ def build_cache(
             "vocab_size": target.arch.vocab_size,
             "target_path": str(target.path),
             "num_items": len(items),
+            "aux_layers": wanted,
             "shards": [],
             "complete": False,
         }
@@ -404,9 +460,20 @@ def build_cache(
         per_call = POOL_BATCHES if mode == "generate" else 1
         for g in range(0, len(todo), per_call):
             group = todo[g : g + per_call]
+            taken = [i for bi in group for i in batches[bi]]
             recs = run_items(
-                model, [items[i] for bi in group for i in batches[bi]], mode, gen_tokens, topk, eos_set, rows=batch_size
+                model,
+                [items[i] for i in taken],
+                mode,
+                gen_tokens,
+                topk,
+                eos_set,
+                rows=batch_size,
+                aux_layers=tuple(meta.get("aux_layers", [])),
             )
+            if loss_masks is not None:
+                for r, i in zip(recs, taken):
+                    r.mask = np.asarray(loss_masks[i], dtype=np.uint8)
             pending.extend(recs)
             pending_batches += len(group)
             n_tokens += sum(len(r.tokens) for r in recs)
@@ -441,6 +508,8 @@ class _Shard:
         self.plens = np.load(d / "plens.npy") if (d / "plens.npy").exists() else np.ones(n, dtype=np.int32)
         self.topk_ids = np.load(d / "topk_ids.npy", mmap_mode="r") if (d / "topk_ids.npy").exists() else None
         self.topk_logits = np.load(d / "topk_logits.npy", mmap_mode="r") if (d / "topk_logits.npy").exists() else None
+        self.aux = np.load(d / "aux.npy", mmap_mode="r") if (d / "aux.npy").exists() else None
+        self.mask = np.load(d / "lossmask.npy", mmap_mode="r") if (d / "lossmask.npy").exists() else None
 
 
 class HiddenCache:
@@ -501,6 +570,36 @@ class HiddenCache:
     def has_topk(self) -> bool:
         return self.shards[0].topk_ids is not None
 
+    def trained(self, i: int) -> np.ndarray:
+        """bool [n]: the positions q of sequence ``i`` whose prediction (of x_{q+1}) is text the drafter should
+        learn: the target's own reply (q >= prompt length - 1), and, where the cache holds a loss mask, an
+        assistant token (the last position takes the last token's mask)."""
+        si, a, n = self.sequences[i]
+        q = np.arange(n)
+        ok = q >= self.prompt_lengths[i] - 1
+        mask = self.shards[si].mask
+        if mask is not None:
+            ok &= np.asarray(mask[a : a + n], dtype=bool)[np.minimum(q + 1, n - 1)]
+        return ok
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        """The target layers whose input residual stream the cache holds (sorted; () = none)."""
+        return tuple(int(i) for i in self.meta.get("aux_layers", []))
+
+    def aux_columns(self, layers: tuple[int, ...] | list[int]) -> np.ndarray:
+        """Column indices into ``aux`` that give ``layers``' states concatenated in that order (a layer may
+        repeat), or a usage error naming the layers the cache lacks."""
+        held = self.aux_layers
+        missing = sorted(set(layers) - set(held))
+        if missing:
+            raise UsageError(
+                f"{self.dir}: the cache holds the target's layer inputs {list(held)}, not {missing}; "
+                "rebuild it for this drafter kind (delete it or pass another --cache)"
+            )
+        H = self.hidden_size
+        return np.concatenate([np.arange(held.index(i) * H, (held.index(i) + 1) * H) for i in layers])
+
     def sequence(self, i: int) -> dict[str, np.ndarray]:
         si, a, n = self.sequences[i]
         s = self.shards[si]
@@ -508,4 +607,6 @@ class HiddenCache:
         if s.topk_ids is not None:
             out["topk_ids"] = s.topk_ids[a : a + n]
             out["topk_logits"] = s.topk_logits[a : a + n]
+        if s.aux is not None:
+            out["aux"] = s.aux[a : a + n]
         return out

@@ -233,6 +233,31 @@ def encode_text(tokenizer, sample: Sample) -> list[int]:
     return _ids(tokenizer(sample.text or "")["input_ids"])
 
 
+def encode_text_with_mask(tokenizer, sample: Sample) -> tuple[list[int], list[int]]:
+    """``encode_text`` plus a 0/1 per token: 1 on the assistant turns of chat data (what the target
+    writes when serving, so the only text a drafter is trained to predict), 0 on system and user turns
+    and the template's role headers; every token of plain text is 1. Each assistant turn is located by
+    rendering the conversation up to it with the tokenizer's own chat template (generation prompt
+    included) and up to its end."""
+    ids = encode_text(tokenizer, sample)
+    if sample.messages is None:
+        return ids, [1] * len(ids)
+    msgs = [{"role": r, "content": c} for r, c in sample.messages]
+    mask = [0] * len(ids)
+    for k, m in enumerate(msgs):
+        if m["role"] != "assistant":
+            continue
+        head = _ids(tokenizer.apply_chat_template(msgs[:k], add_generation_prompt=True, tokenize=True)) if k else []
+        upto = _ids(tokenizer.apply_chat_template(msgs[: k + 1], tokenize=True))
+        if ids[: len(head)] != head or ids[: len(upto)] != upto:
+            raise UsageError(
+                "the tokenizer's chat template renders a conversation's start differently from the whole "
+                "conversation, so its assistant turns cannot be located; use --distill generate"
+            )
+        mask[len(head) : len(upto)] = [1] * (len(upto) - len(head))
+    return ids, mask
+
+
 def check_lengths(seqs: list[list[int]], horizon: int, what: str = "data") -> None:
     """Every heads kind needs sequences longer than its horizon (tokens ahead it predicts)."""
     usable = sum(1 for s in seqs if len(s) > horizon + 1)
@@ -241,4 +266,17 @@ def check_lengths(seqs: list[list[int]], horizon: int, what: str = "data") -> No
         raise UsageError(
             f"{what}: every sequence is too short for the heads' horizon of {horizon} tokens "
             f"(longest has {longest} tokens); use longer texts or fewer heads"
+        )
+
+
+def check_token_ids(items: list[list[int]], vocab_size: int, target_path) -> None:
+    """Refuse data whose tokenizer does not belong to the target: an id the target has no embedding for
+    would index past its vocabulary (a crash deep in the forward, or silently wrong labels)."""
+    top = max((max(it) for it in items if it), default=-1)
+    if top >= vocab_size:
+        raise CheckpointError(
+            f"the tokenizer produced token id {top}, but the target's vocabulary has {vocab_size} tokens: "
+            "the tokenizer and the model do not match",
+            target_path,
+            "use the tokenizer the target was trained with",
         )

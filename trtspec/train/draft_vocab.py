@@ -30,10 +30,11 @@ class DraftVocab:
 
 
 def target_choice_counts(cache: HiddenCache, vocab_size: int) -> np.ndarray:
-    """How often the target chose each token where it wrote the text (positions q >= prompt_length - 1)."""
+    """How often the target chose each token where it wrote the text (positions q >= prompt_length - 1,
+    or the assistant turns of a masked teacher-mode cache: ``HiddenCache.trained``)."""
     counts = np.zeros(vocab_size, dtype=np.int64)
-    for i, plen in enumerate(cache.prompt_lengths):
-        am = np.asarray(cache.sequence(i)["argmax"][max(plen - 1, 0) :], dtype=np.int64)
+    for i in range(len(cache.sequences)):
+        am = np.asarray(cache.sequence(i)["argmax"], dtype=np.int64)[cache.trained(i)]
         counts += np.bincount(am[(am >= 0) & (am < vocab_size)], minlength=vocab_size)
     return counts
 
@@ -51,3 +52,15 @@ def frequent_tokens(cache: HiddenCache, vocab_size: int, size: int) -> DraftVoca
     ids = order[: min(size, distinct)]
     cumulative = np.cumsum(counts[ids]) / total
     return DraftVocab(torch.from_numpy(ids.astype(np.int64)), float(cumulative[-1]), distinct, cumulative)
+
+
+def token_ranking(cache: HiddenCache, vocab_size: int) -> np.ndarray:
+    """Every token id, the ones the target writes most often first (``target_choice_counts``); ties, and
+    tokens it never writes in a reply, by how often it chooses them anywhere in the cache (prompts
+    included), then by id. A drafter with its own vocabulary keeps a prefix of this order."""
+    written = target_choice_counts(cache, vocab_size)
+    anywhere = np.zeros(vocab_size, dtype=np.int64)
+    for sh in cache.shards:
+        am = np.asarray(sh.argmax, dtype=np.int64)
+        anywhere += np.bincount(am[(am >= 0) & (am < vocab_size)], minlength=vocab_size)
+    return np.lexsort((np.arange(vocab_size), -anywhere, -written)).astype(np.int64)

@@ -5,6 +5,9 @@ Alignment (the runtime's, see trtspec/drafters/proposers.py), with a_q the targe
   * eagle / mtp-single: step s on (feature, x_{q+s+1}) at position q+s is trained towards a_{q+s+1};
     step 0's feature is h_q, later steps feed the drafter's own output (``unroll`` steps, as at depth > 1).
     EAGLE also regresses its output onto h_{q+s+1} (smooth L1), the feature it stands in for.
+    A kind whose recipe names ``aux_layers`` reads the cached inputs of those target layers, concatenated,
+    as step 0's feature instead of h_q (EAGLE-3's fused low/mid/high features); one with ``prepare``
+    projects onto its own vocabulary and is trained with a softmax over it (labels outside it ignored).
   * block drafters: at a random anchor p, block position j (of [x_p, mask...]) is trained towards
     a_{p+j-1}, the context being the target's aux-layer states before p (trtspec/train/block.py).
 
@@ -59,6 +62,7 @@ class TrainConfig:
     lm_dtype: str = "auto"  # dtype of the shared lm_head matmul; auto: bf16 where native (~2x faster), else fp32
     train_on: str = "generated"  # "generated": loss on the target's own reply only (q >= prompt_len - 1)
     label_vocab: str = "full"  # "cache": softmax over the tokens the target ever chose on the data only
+    draft_vocab: int = 0  # kinds with their own output vocabulary: its size (0 = the kind's default)
     seed: int = 0
     ckpt_every: int = 50
     log_every: int = 1
@@ -94,13 +98,13 @@ class _Positions:
 
     def __init__(self, cache: HiddenCache, generated_only: bool = True):
         shard, local, end = [], [], []
-        for (si, a, n), plen in zip(cache.sequences, cache.prompt_lengths):
-            first = max(plen - 1, 0) if generated_only else 0
-            if n - 1 - first < 1:
+        for i, (si, a, n) in enumerate(cache.sequences):
+            q = np.nonzero(cache.trained(i)[: n - 1])[0] if generated_only else np.arange(n - 1)
+            if len(q) < 1:
                 continue
-            shard.append(np.full(n - 1 - first, si, dtype=np.int32))
-            local.append(np.arange(a + first, a + n - 1, dtype=np.int64))
-            end.append(np.full(n - 1 - first, a + n, dtype=np.int64))
+            shard.append(np.full(len(q), si, dtype=np.int32))
+            local.append(a + q.astype(np.int64))
+            end.append(np.full(len(q), a + n, dtype=np.int64))
         if not shard:
             raise UsageError("the cache has no sequence longer than one token")
         self.shard, self.local, self.end = np.concatenate(shard), np.concatenate(local), np.concatenate(end)
@@ -164,13 +168,15 @@ def recurrent_batch(
     steps: int,
     want_topk: bool,
     generated_only: bool = True,
+    aux_cols: np.ndarray | None = None,
 ):
-    """Padded windows: feats h_q, tokens[s] = x_{q+s+1}, labels[s] = a_{q+s+1}, regression target
-    h_{q+s+1} (-1 / zero where q+s+1 is past the end)."""
+    """Padded windows: feats h_q (or, with ``aux_cols``, those columns of the cached aux layers' states),
+    tokens[s] = x_{q+s+1}, labels[s] = a_{q+s+1}, regression target h_{q+s+1} (-1 / zero where q+s+1 is
+    past the end)."""
     sel = [wins[int(i)] for i in ids]
     B, T = len(sel), max(w[2] for w in sel)
     H = cache.hidden_size
-    feats = np.zeros((B, T, H), dtype=np.float32)
+    feats = np.zeros((B, T, H if aux_cols is None else len(aux_cols)), dtype=np.float32)
     valid = np.zeros((B, T), dtype=bool)
     toks = np.zeros((steps, B, T), dtype=np.int64)
     labs = np.full((steps, B, T), -1, dtype=np.int64)
@@ -183,15 +189,16 @@ def recurrent_batch(
     for b, (si, a, m) in enumerate(sel):
         seq = cache.sequence(si)
         n = len(seq["tokens"])
-        feats[b, :m] = seq["hidden"][a : a + m]
+        trained = cache.trained(si) if generated_only else None
+        feats[b, :m] = seq["hidden"][a : a + m] if aux_cols is None else seq["aux"][a : a + m][:, aux_cols]
         valid[b, :m] = True
         start[b] = a
         for s in range(steps):
             q = np.arange(a, a + m)
             t = q + s + 1
             ok = t < n
-            if generated_only:
-                ok &= q >= cache.prompt_lengths[si] - 1
+            if trained is not None:
+                ok &= trained[q]
             cols = np.nonzero(ok)[0]
             toks[s, b, cols] = seq["tokens"][t[ok]]
             labs[s, b, cols] = seq["argmax"][t[ok]]
@@ -256,6 +263,7 @@ class RecurrentLoss(nn.Module):
         lm_head: torch.Tensor,
         cfg: TrainConfig,
         feature_regression: bool = False,
+        own_vocab: bool = False,
     ):
         super().__init__()
         self.module, self.cfg = module, cfg
@@ -263,6 +271,7 @@ class RecurrentLoss(nn.Module):
         self.register_buffer("lm_head", lm_head, persistent=False)
         self.register_buffer("eye", torch.eye(embed.shape[1], dtype=embed.dtype), persistent=False)
         self.feature_regression = feature_regression  # EAGLE: also regress the target's next hidden state
+        self.own_vocab = own_vocab  # the module's logits are over its own (trained) vocabulary
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         results = unrolled(
@@ -270,14 +279,18 @@ class RecurrentLoss(nn.Module):
         )
         total = batch["feats"].new_zeros(())
         losses, counts = [], []
-        H = batch["feats"].shape[-1]
+        H = self.embed.shape[1]
         for s, (out, z) in enumerate(results):
             lab = batch["labels"][s].flatten()
             valid = (lab >= 0) & batch["valid"].flatten()
             tk = batch["topk_ids"][s].flatten(0, 1) if "topk_ids" in batch else None
             tv = batch["topk_logits"][s].flatten(0, 1) if "topk_logits" in batch else None
             idx, w = targets(lab, valid, tk, tv, self.cfg.soft_weight)
-            ce = sparse_ce(z.reshape(-1, H), self.lm_head, idx, w)
+            if self.own_vocab:
+                logp = torch.log_softmax(z.reshape(-1, z.shape[-1]).float(), -1)
+                ce = -(logp.gather(1, idx) * w).sum()
+            else:
+                ce = sparse_ce(z.reshape(-1, H), self.lm_head, idx, w)
             n = valid.sum().clamp_min(1)
             step_loss = ce / n
             if self.feature_regression and self.cfg.reg_weight > 0:
@@ -331,17 +344,23 @@ def cache_vocab(cache: HiddenCache) -> np.ndarray:
 
 class _Remap:
     """Maps full-vocabulary label ids into a label-vocabulary subset (why: the lm_head matmul is most of
-    the training cost and a 135M chat model uses a fraction of its 49k tokens on one corpus)."""
+    the training cost and a 135M chat model uses a fraction of its 49k tokens on one corpus), or into a
+    kind's own output vocabulary (``table``: -1 = outside it; such labels are ignored, such top-k entries
+    get no weight)."""
 
-    def __init__(self, vocab: np.ndarray, size: int):
-        self.table = torch.full((size,), -1, dtype=torch.long)
-        self.table[torch.from_numpy(vocab)] = torch.arange(len(vocab))
+    def __init__(self, vocab: np.ndarray | None, size: int, table: torch.Tensor | None = None):
+        if table is None:
+            table = torch.full((size,), -1, dtype=torch.long)
+            table[torch.from_numpy(vocab)] = torch.arange(len(vocab))
+        self.table = table
 
     def __call__(self, batch: dict) -> dict:
         lab = batch["labels"]
         batch["labels"] = torch.where(lab >= 0, self.table[lab.clamp_min(0)], lab)
         if "topk_ids" in batch:
-            batch["topk_ids"] = self.table[batch["topk_ids"]].clamp_min(0)
+            mapped = self.table[batch["topk_ids"]]
+            batch["topk_logits"] = torch.where(mapped >= 0, batch["topk_logits"], -1e4)
+            batch["topk_ids"] = mapped.clamp_min(0)
         return batch
 
 
@@ -382,6 +401,16 @@ def train(
         remap = _Remap(vocab, target.arch.vocab_size)
     module = make_module(cfg.kind, target, cfg.num_heads, cfg.rmsnorm, cfg.seed)
     kind_recipe = recipe(cfg.kind)
+    if kind_recipe.prepare is not None:
+        if remap is not None:
+            raise UsageError(
+                f"--label-vocab cache does not apply to {cfg.kind}: it trains its own vocabulary (--draft-vocab)"
+            )
+        from trtspec.train.draft_vocab import token_ranking
+
+        table = kind_recipe.prepare(module, target, token_ranking(cache, target.arch.vocab_size), cfg.draft_vocab)
+        remap = _Remap(None, 0, table=table)
+    aux_cols = cache.aux_columns(kind_recipe.aux_layers(target)) if kind_recipe.aux_layers is not None else None
     linear = kind_recipe.style == "heads"
     block = kind_recipe.style == "block"  # a block drafter: many anchors per window, context from aux layers
     want_topk = cfg.soft_weight > 0
@@ -413,7 +442,9 @@ def train(
         if linear
         else BlockLoss(module, embed, lm, cfg.step_decay, label_ids)
         if block
-        else RecurrentLoss(module, embed, lm, cfg, kind_recipe.feature_regression)
+        else RecurrentLoss(
+            module, embed, lm, cfg, kind_recipe.feature_regression, own_vocab=kind_recipe.prepare is not None
+        )
     )
     wrapper = wrapper.to(device)
     params = [p for p in wrapper.parameters() if p.requires_grad]
@@ -428,6 +459,8 @@ def train(
     start = 0
     ckpt = Path(ckpt_dir) / "checkpoint.pt" if ckpt_dir is not None else None
     key = {k: v for k, v in asdict(cfg).items() if k not in ("steps", "epochs", "ckpt_every", "log_every")}
+    if not key["draft_vocab"]:  # checkpoints written before the option existed keep their key
+        del key["draft_vocab"]
     key.update(total=total, cache=cache.meta.get("data_hash"), fingerprint=target.fingerprint)
     if resume and ckpt is not None and ckpt.is_file():
         state = torch.load(ckpt, map_location=device, weights_only=True)
@@ -498,7 +531,7 @@ def train(
                     cfg.train_on == "generated",
                 )
             else:
-                batch = recurrent_batch(cache, wins, ids, cfg.unroll, want_topk, cfg.train_on == "generated")
+                batch = recurrent_batch(cache, wins, ids, cfg.unroll, want_topk, cfg.train_on == "generated", aux_cols)
             if remap is not None:
                 batch = remap(batch)
             batch = {k: v.to(device) for k, v in batch.items()}

@@ -25,6 +25,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from trtspec.errors import UsageError
 from trtspec.train.cache import HiddenCache
 from trtspec.train.unroll import unrolled
 
@@ -106,11 +107,25 @@ def _rank(z: torch.Tensor, lm_head: torch.Tensor, labels: torch.Tensor, chunk: i
 
 
 @torch.no_grad()
+def check_measurable(drafter) -> None:
+    """Refuse, before any work, a drafter whose per-depth ranks this module cannot compute."""
+    from trtspec.drafters.proposers import HeadsDrafter, RecurrentDrafter
+
+    if not isinstance(drafter, HeadsDrafter | RecurrentDrafter) or drafter.aux_layers:
+        raise UsageError(
+            "tune-tree measures heads that read the target's last hidden state over the full or a draft "
+            "vocabulary; this drafter reads other target layers or drafts blocks: "
+            "pass a tree with --tree (e.g. chain:4) and measure it with generate --compare"
+        )
+
+
 def measure_ranks(drafter, cache: HiddenCache, depth: int, max_positions: int = 20000) -> np.ndarray:
     """[n, depth] true-token ranks per calibration position for a runtime Drafter (HeadsDrafter or a
     pair RecurrentDrafter) on a cache of the target's own text (positions of the target's replies only)."""
     from trtspec.checkpoint.heads.draft_vocab import to_draft_index
     from trtspec.drafters.proposers import HeadsDrafter
+
+    check_measurable(drafter)
 
     rows = []
     total = 0

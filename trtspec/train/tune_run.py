@@ -13,7 +13,14 @@ from pathlib import Path
 
 from trtspec.errors import UsageError
 from trtspec.train.cache import HiddenCache, build_cache
-from trtspec.train.tune import build_tree, expected_length, measure_ranks, path_probs_from_ranks, per_depth_topk
+from trtspec.train.tune import (
+    build_tree,
+    check_measurable,
+    expected_length,
+    measure_ranks,
+    path_probs_from_ranks,
+    per_depth_topk,
+)
 from trtspec.tree import build_tree as tree_buffers
 from trtspec.tree import format_choices_json, format_choices_trtllm
 
@@ -172,6 +179,7 @@ def tune(
     choice = setup_compute(dtype, echo=echo)
     dtype = choice.name
     gen = SpeculativeGenerator(spec, dtype=choice.dtype)
+    check_measurable(gen.drafter)
     calib = [encode_prompt(tok, s) for s in calib_samples]
     evals = [encode_prompt(tok, s) for s in eval_samples]
     build_cache(spec.target, calib, cache_dir, mode="generate", gen_tokens=gen_tokens, model=gen.target, dtype=dtype)

@@ -46,6 +46,7 @@ ALIASES = {
     "decoupled": "decoupled_mode",
     "torch_threads": "trtspec_torch_threads",
     "batch_window_ms": "trtspec_batch_window_ms",
+    "draft_len_schedule": "trtspec_draft_len_schedule",
 }
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -128,7 +129,12 @@ DEFAULTS: dict[str, Any] = {
     "multimodal_model_path": None,
     "trtspec_device": "auto",
     "trtspec_torch_threads": None,  # reference: torch intra-op threads (None = torch's default)
-    "trtspec_batch_window_ms": 20,  # reference: wait this long after a request for others to batch with
+    # reference: when idle, wait this long after a request for others to prefill with it (in-flight batching
+    # admits later ones between steps anyway)
+    "trtspec_batch_window_ms": 5,
+    # reference: draft depth per batch size, TensorRT-LLM's draft_len_schedule ("1:3,4:2,16:1"); None = the
+    # default table of runtime.batch_policy for the tree's depth. Written to the manifest as a dict.
+    "trtspec_draft_len_schedule": None,
     "speculative": True,
     "trtspec_adaptive": False,  # reference: each step's tree (down to none) from measured costs (runtime.adaptive)
     # the engine's max_seq_len (trtllm-build --max_seq_len); None: the engine dir's config.json, else (reference
@@ -244,6 +250,7 @@ def template_values(
             trtspec_dtype=o.get("trtspec_dtype") or _dtype_name(spec.dtype),
             trtspec_speculative=bool(speculative),
             trtspec_adaptive=bool(o.get("trtspec_adaptive")) and bool(speculative),
+            trtspec_draft_len_schedule=_schedule_text(spec, o.get("trtspec_draft_len_schedule"), bool(speculative)),
             engine_dir=None,
             executor_worker_path=None,
             kv_cache_free_gpu_mem_fraction=None,
@@ -260,6 +267,7 @@ def template_values(
             trtspec_adaptive=None,
             trtspec_torch_threads=None,
             trtspec_batch_window_ms=None,
+            trtspec_draft_len_schedule=None,
         )
         missing = [k for k in REQUIRED_TRTLLM if v.get(k) is None]
         if missing:
@@ -273,6 +281,18 @@ def template_values(
         raise UsageError(f"decoupled_mode must be true or false, got {v['decoupled_mode']!r}")
     v.pop("speculative", None)
     return v
+
+
+def _schedule_text(spec: SpecModel, value, speculative: bool) -> str | None:
+    """The served draft-depth table as the config parameter text ("1:3,4:2,16:1"), validated; None when
+    nothing is drafted."""
+    from trtspec.runtime.batch_policy import default_schedule, parse_schedule
+
+    depth = spec.tree.depth if spec.drafter is not None and spec.tree.choices else 0
+    if not speculative or depth == 0:
+        return None
+    table = parse_schedule(value, depth) if value not in (None, "") else default_schedule(depth)
+    return ",".join(f"{k}:{v}" for k, v in table.items())
 
 
 def engine_max_seq_len(engine_dir: Path | None) -> int | None:
@@ -351,6 +371,7 @@ def draft_values(spec: SpecModel, runtime: str, values: dict[str, Any], draft_en
             trtspec_heads_dir=None,
             trtspec_speculative=False,
             trtspec_adaptive=False,
+            trtspec_draft_len_schedule=None,
         )
     return v
 
@@ -452,6 +473,7 @@ def emit_repository(
             "max_draft_len": values["max_draft_len"],
             "speculative": values.get("trtspec_speculative"),
             "adaptive": values.get("trtspec_adaptive"),
+            "draft_len_schedule": _schedule_dict(values.get("trtspec_draft_len_schedule")),
             "engine_dir": values["engine_dir"],
             "plugin_library": plugin_rel,
             "max_batch_size": values["triton_max_batch_size"],
@@ -470,6 +492,13 @@ def emit_repository(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _schedule_dict(text: str | None) -> dict[str, int] | None:
+    """The manifest's draft_len_schedule: batch-size threshold (a JSON key) -> draft depth."""
+    if not text:
+        return None
+    return {k: int(v) for k, v in (part.split(":") for part in text.split(","))}
 
 
 def read_manifest(repo: Path) -> dict:

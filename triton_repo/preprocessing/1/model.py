@@ -95,6 +95,11 @@ class TritonPythonModel:
             ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
             if not ids:
                 raise ValueError("text_input tokenizes to no tokens")
+            if self.max_seq_len and len(ids) >= self.max_seq_len:
+                raise ValueError(
+                    f"the prompt ({len(ids)} tokens) does not fit the model's max_seq_len {self.max_seq_len}: "
+                    f"shorten it to at most {self.max_seq_len - 1} tokens"
+                )
             if self.max_seq_len and len(ids) + int(n) > self.max_seq_len:
                 raise ValueError(
                     f"prompt ({len(ids)} tokens) + max_tokens ({int(n)}) exceeds the model's "

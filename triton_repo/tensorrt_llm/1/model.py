@@ -39,11 +39,82 @@ def _scalar(request, name, default=None, cast=float):
     return cast(arr.reshape(-1)[0])
 
 
+class _Metrics:
+    """Prometheus metrics on Triton's metrics port (custom metric families of the python backend): the
+    updates come from trtspec.triton.metrics, and are applied on a thread of their own (each one is an IPC
+    round trip to the server; the decoding loop never waits for them)."""
+
+    def __init__(self, model_name, max_depth):
+        import queue
+        import threading
+
+        from trtspec.triton.metrics import COUNTER, FAMILIES, GAUGE, StepMetrics
+
+        kinds = {
+            COUNTER: pb_utils.MetricFamily.COUNTER,
+            GAUGE: pb_utils.MetricFamily.GAUGE,
+            "histogram": pb_utils.MetricFamily.HISTOGRAM,
+        }
+        self.step_metrics = StepMetrics(model_name, max_depth)
+        self.families = {
+            f.name: pb_utils.MetricFamily(name=f.name, description=f.description, kind=kinds[f.kind]) for f in FAMILIES
+        }
+        self.kinds = {f.name: f.kind for f in FAMILIES}
+        self.metrics = {}
+        self.backend = None
+        self.queue = queue.Queue()
+        # the metrics exist (at 0) from the start, so a scrape before the first request finds them
+        for name in self.kinds:
+            if name.startswith("trtspec_position"):
+                for d in range(1, max_depth + 1):
+                    self._metric(name, (("model", model_name), ("position", str(d))))
+            elif name == "trtspec_requests_total":
+                for reason in ("cancelled", "failed", "finished"):
+                    self._metric(name, (("model", model_name), ("reason", reason)))
+            else:
+                self._metric(name, (("model", model_name),))
+        threading.Thread(target=self._apply_forever, name="trtspec-metrics", daemon=True).start()
+
+    def _metric(self, name, labels):
+        key = (name, labels)
+        if key not in self.metrics:
+            extra = {"buckets": self.step_metrics.buckets()} if self.kinds[name] == "histogram" else {}
+            self.metrics[key] = self.families[name].Metric(labels=dict(labels), **extra)
+        return self.metrics[key]
+
+    def on_step(self, info, outputs):
+        """Called by the worker after every target step (cheap: the updates are applied elsewhere)."""
+        accepted = [o.accepted for o in outputs if o.accepted is not None]
+        in_flight = self.backend.in_flight if self.backend is not None else info.batch_size
+        self.queue.put(self.step_metrics.step(info.batch_size, info.draft_nodes, info.draft_depth, accepted, in_flight))
+
+    def on_finish(self, reply, reason):
+        """Called by the worker when a request leaves its slot (finished, cancelled or failed)."""
+        in_flight = self.backend.in_flight if self.backend is not None else 0
+        self.queue.put(self.step_metrics.finished(reason, in_flight))
+
+    def _apply_forever(self):
+        while True:
+            updates = self.queue.get()
+            if updates is None:
+                return
+            for u in updates:
+                try:
+                    metric = self._metric(u.family, u.labels)
+                    getattr(metric, u.op)(u.value)
+                except Exception as exc:  # a metric must never take serving down
+                    print(f"tensorrt_llm (reference): metric {u.family} not updated: {exc}")
+
+    def close(self):
+        self.queue.put(None)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         import torch
 
         from trtspec.load import load_spec_model
+        from trtspec.runtime.batch_policy import default_schedule, parse_schedule
         from trtspec.runtime.generate import SpeculativeGenerator
         from trtspec.triton.reference_backend import ReferenceBackend, parse_bool, serving_compute
 
@@ -74,14 +145,23 @@ class TritonPythonModel:
         self.default_end_id = eos if isinstance(eos, int) else (eos[0] if eos else None)
         speculative = parse_bool(_param(cfg, "trtspec_speculative", "true"), True)
         adaptive = parse_bool(_param(cfg, "trtspec_adaptive", "false"), False)
-        window_ms = float(_param(cfg, "trtspec_batch_window_ms", "20") or 0)
+        window_ms = float(_param(cfg, "trtspec_batch_window_ms", "0") or 0)
+        depth = self.generator.tree.max_depth if self.generator.drafter is not None and speculative else 0
+        schedule_text = _param(cfg, "trtspec_draft_len_schedule")
+        schedule = parse_schedule(schedule_text, depth) if schedule_text else default_schedule(depth)
+        self.metrics = _Metrics(args.get("model_name", "tensorrt_llm"), depth)
         self.backend = ReferenceBackend(
             self.generator,
             speculative=speculative,
             adaptive=adaptive,
             max_batch_size=max(1, int(cfg.get("max_batch_size", 1) or 1)),
             batch_window_s=window_ms / 1000.0,
+            schedule=schedule,
+            max_seq_len=self.max_seq_len,
+            on_step=self.metrics.on_step,
+            on_finish=self.metrics.on_finish,
         )
+        self.metrics.backend = self.backend
         self.perf_outputs = {o["name"] for o in cfg.get("output", [])}
         # KV-cache block size for the perf outputs: trtllm-build's --tokens_per_block default
         self.tokens_per_block = 32
@@ -106,6 +186,11 @@ class TritonPythonModel:
         max_new = _scalar(request, "request_output_len", None, int)
         if max_new is None or max_new <= 0:
             raise ValueError(f"request_output_len (max_tokens) must be >= 1, got {max_new}")
+        if n_in >= self.max_seq_len:
+            raise ValueError(
+                f"the prompt ({n_in} tokens) does not fit max_seq_len {self.max_seq_len}: "
+                f"shorten it to at most {self.max_seq_len - 1} tokens"
+            )
         if n_in + max_new > self.max_seq_len:
             raise ValueError(
                 f"prompt ({n_in} tokens) + max_tokens ({max_new}) exceeds max_seq_len "
@@ -208,6 +293,10 @@ class TritonPythonModel:
             out += [pb_utils.Tensor(k, np.array([[v]], np.int32)) for k, v in i32.items()]
             out += [pb_utils.Tensor(k, np.array([[v]], np.int64)) for k, v in i64.items()]
             out.append(pb_utils.Tensor("acceptance_rate", np.array([[reply.acceptance_rate]], np.float32)))
+            # per request: tokens per step = 1 + accepted / steps; per-position acceptance from the histogram
+            out.append(pb_utils.Tensor("trtspec_target_steps", np.array([[reply.target_steps]], np.int32)))
+            hist = reply.acceptance_histogram or [0]
+            out.append(pb_utils.Tensor("trtspec_acceptance_histogram", np.array([hist], np.int32)))
         if state["n_in"]:
             out.append(pb_utils.Tensor("num_input_tokens", np.array([[len(state["prompt"])]], np.int32)))
         if state["n_out"]:
@@ -276,3 +365,6 @@ class TritonPythonModel:
         backend = getattr(self, "backend", None)
         if backend is not None:
             backend.close()
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.close()

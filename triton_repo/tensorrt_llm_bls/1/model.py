@@ -93,6 +93,8 @@ PASS_THROUGH = (
     *PERF,
     "num_input_tokens",
     "num_output_tokens",
+    "trtspec_target_steps",
+    "trtspec_acceptance_histogram",
     "cum_log_probs",
     "output_log_probs",
     "batch_index",
