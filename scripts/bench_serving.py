@@ -132,7 +132,8 @@ def main() -> int:
     served_dtype = resolve_dtype(args.dtype, "cpu").dtype  # what the servers will run in (auto: this CPU's)
     print(f"served dtype: {served_dtype}")
     off: dict[str, dict] = {}
-    servers = {}
+    servers: dict = {}
+    repos = {}
     for label, speculative in (("speculative", True), ("plain", False)):
         opts = {"speculative": speculative, "device": "cpu", "max_batch_size": args.max_batch_size, "dtype": args.dtype}
         if args.torch_threads:
@@ -141,11 +142,13 @@ def main() -> int:
             opts["trtspec_adaptive"] = True
         if speculative and args.draft_len_schedule:
             opts["draft_len_schedule"] = args.draft_len_schedule
-        repo = emit_repository(spec, "reference", tmp / f"repo-{label}", options=opts)
-        t0 = time.perf_counter()
-        servers[label] = TritonServer(repo, log_path=tmp / f"{label}.log", startup_timeout_s=600).start()
-        print(f"[{label}] server ready in {time.perf_counter() - t0:.1f} s")
-    try:
+        repos[label] = emit_repository(spec, "reference", tmp / f"repo-{label}", options=opts)
+    try:  # every server started is stopped, also when a later one fails to start or the run is interrupted
+        for label, repo in repos.items():
+            t0 = time.perf_counter()
+            servers[label] = TritonServer(repo, log_path=tmp / f"{label}.log", startup_timeout_s=600)
+            servers[label].start()
+            print(f"[{label}] server ready in {time.perf_counter() - t0:.1f} s")
         for label in servers:
             # the offline reference runtime on the same prompts, batch 1, EOS ignored like the served runs;
             # measured now, while the idle servers only hold memory, so that all see the same machine load

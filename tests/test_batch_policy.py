@@ -85,3 +85,17 @@ def test_buckets_share_acceptance_so_a_new_bucket_does_not_explore():
         explored += t.num_nodes > 0
         fresh.record([0] * 16, 0.040 + 0.02 * t.num_nodes)
     assert explored >= 2
+
+
+def test_the_requests_in_flight_decide_not_the_history():
+    """Per-request acceptance: a batch whose requests accept nothing decodes plainly even though the
+    server's history says trees pay; the history itself is left as it was."""
+    p = BatchAwareSpeculation(TREE, {}, adaptive=True)
+    for _ in range(40):  # history: everything accepted, a tree costs about a token
+        t = p.choose(1)
+        p.record([t.max_depth], 0.010 + 0.0001 * t.num_nodes)
+    assert p.choose(1).num_nodes > 0
+    history = list(p._accept)
+    assert [p.choose(1, [0.0, 0.0, 0.0]).num_nodes for _ in range(4)] == [0, 0, 0, 0]
+    assert p._accept == history
+    assert p.choose(1, [None, None, None]).num_nodes > 0  # nobody measured anything: the history decides

@@ -212,3 +212,20 @@ def test_schedule_turns_speculation_off_for_large_batches(tiny):
     outs = b.step()
     assert b.last_step.batch_size == 4 and b.last_step.draft_nodes == 0
     assert all(o.accepted == 0 and o.drafted == 0 for o in outs)
+
+
+def test_each_request_keeps_its_own_acceptance(tiny):
+    gen, tok = _medusa(tiny)
+    b = InflightBatcher(gen, max_slots=2)
+    outs = b.admit([tok.encode(PROMPTS[0]), tok.encode(PROMPTS[1])], [GenerationConfig(max_new_tokens=12)] * 2)
+    accepted = {o.slot: [] for o in outs}
+    while any(not b.slots[s].done for s in accepted):
+        for o in b.step():
+            accepted[o.slot].append(o.accepted)
+    for s, acc in accepted.items():  # the moving average of its own steps, nobody else's
+        est = None
+        for a in acc:
+            est = float(a >= 1) if est is None else 0.7 * est + 0.3 * float(a >= 1)
+        assert b.slots[s].accept[0] == pytest.approx(est)
+    live = b._live_acceptance(list(accepted))
+    assert live[0] == pytest.approx(sum(b.slots[s].accept[0] for s in accepted) / 2)

@@ -103,7 +103,11 @@ class BatchAwareSpeculation:
         self._accept = [AdaptiveSpeculation.prior_accept**d for d in range(1, full.max_depth + 1)]
         self._seen = [0] * full.max_depth
 
-    def choose(self, batch_size: int) -> TreeBuffers:
+    def choose(self, batch_size: int, acceptance: list[float | None] | None = None) -> TreeBuffers:
+        """The next step's tree. ``acceptance`` (adaptive only): P(accept >= d) per depth averaged over the
+        requests in this step, from each one's own measured steps (None where none of them measured that
+        depth yet): the decision then follows the batch actually in flight, not the history of the server.
+        What the step measures still updates the shared estimates (``record``)."""
         # a table written for a deeper tree (or for speculation that is off) never asks for more than there is
         depth = min(schedule_depth(batch_size, self.schedule, self.full.max_depth), self.full.max_depth)
         self._last = None
@@ -117,8 +121,15 @@ class BatchAwareSpeculation:
                 policy._explored = policy.explore_steps
                 policy._interval = max((p._interval for p in self._policies.values()), default=policy.probe_every)
             self._policies[key] = policy
-        self._last = self._policies[key]
-        return self._last.choose()
+        self._last = policy = self._policies[key]
+        if acceptance is None or not any(a is not None for a in acceptance):
+            return policy.choose()
+        policy.accept = [g if a is None else a for a, g in zip(acceptance, self._accept)]
+        policy.seen = [max(n, int(a is not None)) for a, n in zip(acceptance, self._seen)]
+        try:
+            return policy.choose()
+        finally:  # record() blends the step's outcome into the shared estimates again
+            policy.accept, policy.seen = self._accept, self._seen
 
     def record(self, accepted: list[int], wall_s: float, trimmed: bool = False) -> None:
         """``trimmed``: the step verified less than the chosen tree (AdaptiveSpeculation.record)."""

@@ -45,6 +45,17 @@ class Slot:
     produced: list[int]
     steps: int = 0
     pending: list[tuple] = field(default_factory=list)
+    #: this request's own P(accept >= d) per depth (moving averages; None until a tree reached depth d)
+    accept: list[float | None] = field(default_factory=list)
+
+    def record_acceptance(self, accepted: int, depth: int, alpha: float = 0.3) -> None:
+        """Blend one step's outcome (``accepted`` drafts of a tree of ``depth``) into the estimates."""
+        if len(self.accept) < depth:
+            self.accept.extend([None] * (depth - len(self.accept)))
+        for d in range(1, depth + 1):
+            hit = float(accepted >= d)
+            old = self.accept[d - 1]
+            self.accept[d - 1] = hit if old is None else (1 - alpha) * old + alpha * hit
 
     @property
     def done(self) -> bool:
@@ -189,6 +200,16 @@ class InflightBatcher:
             parts = [[p[i] for _, p in group] for i in range(4)]
             self.drafter.observe(parts[0], None if parts[1][0] is None else parts[1], parts[2], parts[3], rows=rows)
 
+    def _live_acceptance(self, live: list[int]) -> list[float | None] | None:
+        """P(accept >= d) per depth averaged over the live requests that measured depth d (None: nobody)."""
+        if self.drafter is None:
+            return None
+        out: list[float | None] = []
+        for d in range(self.tree.max_depth):
+            vals = [a[d] for s in live if len(a := self.slots[s].accept) > d and a[d] is not None]
+            out.append(sum(vals) / len(vals) if vals else None)
+        return out
+
     def _verify(self, tree: TreeBuffers, drafts: torch.Tensor, logits: torch.Tensor, live: list[int]) -> VerifyResult:
         """Each row verified with its own request's settings: greedy rows together, sampled rows one by one
         (seeded by their own seed and step, which is what batch-1 decoding of that request draws)."""
@@ -215,7 +236,7 @@ class InflightBatcher:
         if not live:
             return []
         t0 = time.perf_counter()
-        chosen = tree = self.policy.choose(len(live))
+        chosen = tree = self.policy.choose(len(live), self._live_acceptance(live))
         speculating = self.drafter is not None and tree.num_nodes > 0
         view = KVRows(self.cache, live)
         roots = torch.tensor([self.slots[s].root for s in live], dtype=torch.long)
@@ -239,6 +260,8 @@ class InflightBatcher:
             slot.produced.extend(new)
             slot.steps += 1
             slot.root = res.bonus[i]
+            if tree.num_nodes:
+                slot.record_acceptance(res.accepted_len[i], tree.max_depth)
             if self.drafter is not None:
                 slot.pending.append(
                     (
