@@ -245,9 +245,9 @@ def encode_text_with_mask(tokenizer, sample: Sample) -> tuple[list[int], list[in
     msgs = [{"role": r, "content": c} for r, c in sample.messages]
     mask = [0] * len(ids)
     for k, m in enumerate(msgs):
-        if m["role"] != "assistant":
+        if m["role"] != "assistant" or k == 0:  # an opening assistant turn answers nothing: context only
             continue
-        head = _ids(tokenizer.apply_chat_template(msgs[:k], add_generation_prompt=True, tokenize=True)) if k else []
+        head = _ids(tokenizer.apply_chat_template(msgs[:k], add_generation_prompt=True, tokenize=True))
         upto = _ids(tokenizer.apply_chat_template(msgs[: k + 1], tokenize=True))
         if ids[: len(head)] != head or ids[: len(upto)] != upto:
             raise UsageError(
