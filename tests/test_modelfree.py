@@ -78,9 +78,13 @@ def test_suffix_ranks_continuations_by_count_and_drafts_by_match_length(demo_pat
     tree = build_tree(parse_choices("[[0],[1],[0,0],[0,0,0],[0,0,0,0]]"))
     tokens = drafter.propose(tree, torch.tensor([8]))
     drafted = drafter.drafted()[0].tolist()
-    assert tokens[0, 1:5].tolist() == [1, 2, 3, 7]  # 1 (2 of 3) before 2; then 3 (a tie with 5: first seen)
-    # 2 matched tokens * max_spec_factor 1.0 + offset 1 = 3 deep at most; the runner-up (1/3) is drafted
-    assert drafted == [True, True, True, True, True, False]
+    # 1 (2 of 3 occurrences) before 2; after 1, 5 and 3 tie on count and the newer (5) wins; the
+    # runner-up 2 (a third of the weight) is still drafted (min_token_prob 0.1)
+    assert tokens[0, 1:].tolist() == [1, 2, 5, 7, 8] and all(drafted)
+    _observe(drafter, [9, 1, 2, 3, 4, 5, 6, 7, 9])  # a 1-token match: 2.0 * 1 + 2 = 4 tokens at most
+    chain = build_tree(parse_choices("chain:6"))
+    assert drafter.propose(chain, torch.tensor([9]))[0, 1:5].tolist() == [1, 2, 3, 4]
+    assert drafter.drafted()[0].tolist() == [True] * 5 + [False] * 2
     _observe(drafter, [3, 4, 5, 6])  # nothing occurred before: nothing drafted
     drafter.propose(tree, torch.tensor([6]))
     assert not drafter.drafted()[0, 1:].any()

@@ -3,7 +3,8 @@
 No weights. Per step it finds the longest suffix of the sequence (up to ``max_pattern`` tokens) that
 occurred before, in the sequence itself or in the corpus (the longer match wins; a tie goes to the
 sequence), and fills the tree with the continuations of up to ``occurrences`` of its most recent
-occurrences as a frequency-ranked trie: siblings are alternative continuations ranked by count.
+occurrences as a frequency-ranked trie: siblings are alternative continuations ranked by count (each
+occurrence counts 1 plus a recency bonus that halves with age: ties go to the newest).
 The draft length follows the match: at most ``max_spec_factor * match + max_spec_offset`` tokens, and a
 node is drafted only while its path probability (count shares along the path) stays >= ``min_token_prob``,
 so a short or ambiguous match drafts little or nothing (the loop then verifies fewer nodes).
@@ -43,8 +44,8 @@ SETTINGS = Settings(
         "max_pattern": 12,
         "min_pattern": 1,
         "occurrences": 64,
-        "max_spec_factor": 1.0,
-        "max_spec_offset": 1,
+        "max_spec_factor": 2.0,
+        "max_spec_offset": 2,
         "min_token_prob": 0.1,
         "draft_len": 8,
         "corpus": "",
@@ -105,7 +106,10 @@ class SuffixDrafter(MatchDrafter):
         if n == 0:
             return [], 0, 1.0
         limit = min(depth, int(self.factor * n) + self.offset)
-        cands = [(source.continuation(p, limit), 1.0) for p in hits[-self.occurrences :]]
+        # newest first, and each occurrence counts 1 plus a recency bonus that halves with age: text that
+        # loops or copies repeats its latest continuation, so recency breaks ties and can outvote one count
+        recent = reversed(hits[-self.occurrences :])
+        cands = [(source.continuation(p, limit), 1.0 + 0.5**i) for i, p in enumerate(recent)]
         return cands, limit, self.min_prob
 
 
