@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -133,3 +134,12 @@ def test_schedule_follows_the_backend_rules(demo_paths, tmp_path):
         r = build(demo_paths, kind, tmp_path / "bad", "--tree", "chain:3", *bad)
         assert r.exit_code == 2 and why in r.output, r.output
         assert not (tmp_path / "bad").exists()
+
+
+def test_eagle3_capture_layers_are_the_drafts_layer_inputs_minus_one(deployments):
+    """DEPLOY_FORMATS §0: vLLM / the draft config name layer inputs, TensorRT-LLM layer outputs."""
+    kind = next(n for n in SUPPORTED if registry.get(n).pytorch.decoding_type == "Eagle3")
+    cfg = yaml.safe_load((deployments[kind] / "extra_llm_api_options.yaml").read_text())["speculative_config"]
+    draft = json.loads((deployments[kind] / "draft" / "config.json").read_text())
+    ids = draft.get("eagle_aux_hidden_state_layer_ids") or draft["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert cfg["eagle3_layers_to_capture"] == sorted(a - 1 for a in ids)

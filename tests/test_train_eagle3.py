@@ -36,7 +36,7 @@ from trtspec.train.trainer import TrainConfig, train
 
 KIND = "eagle3"
 VOCAB = 128
-LAYERS = (0, 2, 3)  # (0, L//2, L-1): the default (2, L//2, L-3) would repeat a layer on 4 layers
+LAYERS = (1, 2, 3)  # (1, L//2, L-1): the default (2, L//2, L-3) would repeat a layer on 4 layers
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_a_cache_without_the_layer_inputs_is_refused_and_a_richer_one_reused(tin
     plain = build_cache(tiny["target"], items, tmp_path / "plain", gen_tokens=6, batch_size=4, progress=False)
     with pytest.raises(UsageError, match="rebuild it for this drafter kind"):
         train(tiny["target"], HiddenCache(plain), _cfg(steps=1), progress=False)
-    with pytest.raises(UsageError, match=r"not \[0, 2, 3\]"):
+    with pytest.raises(UsageError, match=r"not \[1, 2, 3\]"):
         build_cache(tiny["target"], items, plain, gen_tokens=6, batch_size=4, progress=False, aux_layers=LAYERS)
     rich = build_cache(
         tiny["target"], items, tmp_path / "rich", gen_tokens=6, batch_size=4, progress=False, aux_layers=LAYERS
@@ -181,7 +181,7 @@ def test_cli_trains_eagle3_with_its_own_vocabulary_and_a_progress_bar(tiny, tmp_
     assert "tok_s=" in r.output and "loss=" in r.output  # the progress bar's postfix
     assert not (out / "draft_vocab.safetensors").exists()  # the size went into d2t instead
     assert json.loads((out / "config.json").read_text())["draft_vocab_size"] <= 30
-    assert HiddenCache(tmp_path / "heads.cache").aux_layers == (0, 2, 3)
+    assert HiddenCache(tmp_path / "heads.cache").aux_layers == (1, 2, 3)
     assert load_spec_model(tiny["dir"], out).drafter.kind == KIND
 
 

@@ -32,6 +32,7 @@ from trtspec import __version__
 from trtspec.deploy.llmapi_config import llmapi_config_pbtxt
 from trtspec.drafters import registry
 from trtspec.errors import UsageError
+from trtspec.export.eagle3 import trtllm_layers_to_capture
 from trtspec.fsutil import atomic_directory
 from trtspec.spec import SpecModel
 
@@ -122,7 +123,12 @@ def speculative_config(
     aux = spec.drafter.config.get("aux_layers")
     if aux:  # EAGLE-3 style fused features: TensorRT-LLM counts layer outputs, the draft config layer inputs
         L = spec.target.arch.num_hidden_layers
-        capture = sorted({int(a) - 1 for a in aux})
+        capture = sorted(set(trtllm_layers_to_capture([int(a) for a in aux])))
+        if min(capture) < 0:
+            raise UsageError(
+                f"the draft reads target layer inputs {list(aux)}: TensorRT-LLM's eagle3_layers_to_capture counts "
+                "layer outputs, and the input of layer 0 (the embeddings) is none; retrain with layers >= 1"
+            )
         if set(capture) != {1, L // 2 - 1, L - 4}:
             cfg["eagle3_layers_to_capture"] = capture
             notes.append(f"eagle3_layers_to_capture {capture}: the draft reads target layers {list(aux)} (inputs)")

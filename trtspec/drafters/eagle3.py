@@ -53,9 +53,10 @@ def detect(facts: DirFacts) -> bool:
 def default_aux_layers(num_target_layers: int) -> tuple[int, int, int]:
     """(2, L//2, L-3), the layers SafeAILab and vLLM capture (input-of-layer indexing). Below 7 target
     layers (tiny test models) those repeat a layer, which exporters must refuse (vLLM and TensorRT-LLM
-    capture each layer once): (0, L//2, L-1) instead, clamped into 0..L-1."""
+    capture each layer once): (1, L//2, L-1) instead (not 0: TensorRT-LLM captures layer outputs, and the
+    input of layer 0 is no layer's output), clamped into 0..L-1."""
     L = num_target_layers
-    ids = (2, L // 2, L - 3) if L >= 7 else (0, L // 2, L - 1)
+    ids = (2, L // 2, L - 3) if L >= 7 else (1, L // 2, L - 1)
     return tuple(min(max(i, 0), L - 1) for i in ids)  # type: ignore[return-value]
 
 
