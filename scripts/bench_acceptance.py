@@ -46,6 +46,8 @@ RUNS = {  # name -> (kind, rmsnorm)
     "eagle3": ("eagle3", False),
     "dflash": ("dflash", True),
     "dspark": ("dspark", True),
+    "ngram": ("ngram", False),  # model-free: nothing trained, same prompts and timing
+    "suffix": ("suffix", False),
 }
 
 
@@ -188,7 +190,7 @@ def main() -> None:
         kind, rms = RUNS[name]
         heads_dir = args.out / "heads" / name
         info = train_run(args, target, cache, name, kind, rms, heads_dir)
-        own_vocab = registry.get(kind).own_draft_vocab
+        own_vocab = registry.get(kind).own_draft_vocab or registry.get(kind).model_free
         if dv is not None and not own_vocab:  # written after training so reused heads get the current vocabulary too
             from trtspec.checkpoint.heads.draft_vocab import save_draft_vocab
 
@@ -259,6 +261,13 @@ def train_run(args, target, cache, name, kind, rms, heads_dir: Path) -> dict:
     info_path = heads_dir.with_name(name + ".train.json")
     if heads_dir.exists() and info_path.is_file() and not args.retrain:
         return json.loads(info_path.read_text())
+    if registry.get(kind).model_free:  # drafts from the text itself: its settings directory, defaults kept
+        from trtspec.drafters.matching import write_settings_dir
+
+        write_settings_dir(heads_dir, kind, {})
+        info = {"steps": 0, "final_loss": None, "train_s": 0.0, "model_free": True}
+        info_path.write_text(json.dumps(info, indent=2) + "\n")
+        return info
     from trtspec.train.heads import recipe
 
     linear = kind in ("medusa", "mtp-linear")
@@ -304,6 +313,8 @@ def aux_layers_of(args, target) -> tuple[int, ...]:
 
     layers: set[int] = set()
     for name in [r for r in args.runs.split(",") if r]:
+        if registry.get(RUNS[name][0]).training is None:  # model-free: reads no layers
+            continue
         hook = recipe(RUNS[name][0]).aux_layers
         if hook is not None:
             layers.update(hook(target))
@@ -336,7 +347,8 @@ def evaluate(args, heads_dir: Path, calib, eval_by_domain: dict, budgets, draft_
     from trtspec.train.tune_run import measure_decode, tune_on_cache
 
     kind = registry.detect(heads_dir)
-    block = is_block(kind) or recipe(kind).aux_layers is not None  # measured on chains (tune-tree cannot)
+    block = registry.get(kind).model_free or is_block(kind) or recipe(kind).aux_layers is not None
+    # ^ measured on chains: tune-tree cannot measure drafters that read text or other layers
     spec = load_spec_model(
         args.target, heads_dir, tree=None if block else "chain:1", dtype="float32", draft_vocab=draft_vocab
     )
@@ -419,11 +431,15 @@ def print_table(results: dict) -> None:
         for domain, d in r.get("domains", {}).items():
             pp = " ".join(f"{x:.2f}" for x in d["per_position"])
             print(
-                f"{name:<20} {domain:<6} {r['training']['final_loss']:>7.3f} {vocab:>6} {r['best_nodes']:>5} "
+                f"{name:<20} {domain:<6} {loss_text(r['training']['final_loss']):>7} {vocab:>6} {r['best_nodes']:>5} "
                 f"{d['measured']:>6.2f} {pp:<26} {d['tokens_per_s']:>8.1f} {d['plain_tokens_per_s']:>9.1f} "
                 f"{d['speedup']:>5.2f}x {d['adaptive_speedup']:>7.2f}x {str(d['identical_to_plain']):>5}"
             )
     print(flush=True)
+
+
+def loss_text(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.3f}"
 
 
 if __name__ == "__main__":
