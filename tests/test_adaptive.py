@@ -58,6 +58,26 @@ def test_costs_decide_not_constants():
     assert sum(1 for d in dear[20:] if d) < 15
 
 
+def test_model_free_steps_without_a_match_do_not_count_as_rejections():
+    """A model-free drafter that matches every other step, and is always right when it matches: a step
+    without a match is trimmed to a plain step (verified depth 0). Speculation pays (the matched steps
+    commit 5 tokens at the price of ~1), so the policy must keep speculating at full depth; counting the
+    unmatched steps as depth-1 rejections would halve the measured acceptance and make depth look wasteful."""
+    chain = build_tree(tuple((0,) * d for d in range(1, 5)))
+    policy = AdaptiveSpeculation(chain)
+    depths = []
+    for step in range(200):
+        tree = policy.choose()
+        depths.append(tree.max_depth)
+        if tree.max_depth and step % 2:  # no match: the loop verified nothing, a plain step's cost
+            policy.record([0], 1.0, trimmed=True, verified_depth=0)
+        else:
+            policy.record([tree.max_depth], 1.0 + 0.02 * tree.num_nodes)
+    assert policy.acceptance()[0] > 0.9
+    tail = depths[40:]
+    assert sum(1 for d in tail if d == 4) >= 0.9 * len(tail)
+
+
 @pytest.fixture(scope="module")
 def useless(tmp_path_factory):
     """A target and a draft model of the same shape but other random weights: it accepts next to nothing."""

@@ -135,14 +135,21 @@ class AdaptiveSpeculation:
             return best
         return 0
 
-    def record(self, accepted: list[int], wall_s: float, trimmed: bool = False) -> None:
+    def record(
+        self, accepted: list[int], wall_s: float, trimmed: bool = False, verified_depth: int | None = None
+    ) -> None:
         """What the step chosen by the last ``choose`` cost and accepted (one entry per live sequence).
         ``trimmed``: the drafter filled only part of the tree (model-free, short matches) and the loop
-        verified less, so the wall time is not this option's cost (its acceptance still counts)."""
+        verified only ``verified_depth`` levels, so the wall time is not this option's cost, and the
+        levels nobody drafted say nothing about acceptance. Acceptance is thus measured where the drafter
+        drafts; steps where it drafts nothing cost a plain step, so speculating pays exactly when this
+        conditional rate beats plain decoding's."""
         k = self._last
         if not trimmed:
             self.times[k].append(wall_s)
             del self.times[k][1 : -self.window]  # keep the first (warm-up) sample and a window of recent ones
+        if trimmed and verified_depth is not None:
+            k = min(k, verified_depth)
         if k == 0 or not accepted:
             return
         if self._explored < self.explore_steps:
