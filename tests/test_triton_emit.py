@@ -213,6 +213,20 @@ def test_target_without_heads(model, tmp_path):
     assert json.loads((repo / MANIFEST).read_text())["drafter_kind"] is None
 
 
+def test_model_free_settings_dir_emits_for_the_reference_runtime(model, tmp_path):
+    """A model-free drafter (no engine layout) is served by the reference runtime; only trtllm refuses it."""
+    from trtspec.drafters.matching import write_settings_dir
+
+    heads = write_settings_dir(tmp_path / "ngram", "ngram", {"max_ngram": 2})
+    spec = load_spec_model(model["target"], heads)
+    repo = emit_repository(spec, "reference", tmp_path / "repo")
+    p = _params(load_repository(repo)["tensorrt_llm"])
+    assert p["trtspec_drafter_kind"] == "ngram" and p["trtspec_heads_dir"] == str(heads.resolve())
+    assert "tensorrt_llm_draft" not in load_repository(repo)
+    with pytest.raises(UsageError, match="cannot draft from text"):
+        emit_repository(spec, "trtllm", tmp_path / "r2", engine_dir=Path("/e"))
+
+
 def test_draft_len_schedule_goes_to_the_config_and_the_manifest(spec, tmp_path):
     depth = spec.tree.depth
     repo = emit_repository(spec, "reference", tmp_path / "repo")

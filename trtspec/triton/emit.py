@@ -341,7 +341,9 @@ def uses_draft_engine(spec: SpecModel) -> bool:
     kept on the kind's ExportMode (trtspec/convert/modes.py)."""
     from trtspec.convert.modes import select_mode
 
-    return spec.drafter is not None and select_mode(spec).separate_draft_model
+    if spec.drafter is None or not registry.get(spec.drafter.kind).engine.supported:
+        return False  # no engine layout (model-free kinds): nothing is served beside the target
+    return select_mode(spec).separate_draft_model
 
 
 def draft_values(spec: SpecModel, runtime: str, values: dict[str, Any], draft_engine_dir: Path | None) -> dict:
