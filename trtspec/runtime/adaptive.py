@@ -148,7 +148,7 @@ class AdaptiveSpeculation:
         if not trimmed:
             self.times[k].append(wall_s)
             del self.times[k][1 : -self.window]  # keep the first (warm-up) sample and a window of recent ones
-        if trimmed and verified_depth is not None:
+        if verified_depth is not None:  # equals the chosen depth unless the step was trimmed
             k = min(k, verified_depth)
         if k == 0 or not accepted:
             return
