@@ -103,12 +103,12 @@ def test_round_trip_same_tensors_and_same_drafts(kind, fmt, exported, demo8):
     assert res_a.metrics.accepted_draft_tokens == res_b.metrics.accepted_draft_tokens
 
 
-def _hf_standard(key: str, value) -> bool:
-    """A Llama config key Hugging Face reads: a LlamaConfig field, or a legacy key it absorbs."""
-    if key in transformers.LlamaConfig().to_dict():
+def _hf_standard(key: str, value, config_class=transformers.LlamaConfig) -> bool:
+    """A config key Hugging Face reads: a field of ``config_class``, or a legacy key it absorbs."""
+    if key in config_class().to_dict():
         return True
     try:
-        return key not in transformers.LlamaConfig(**{key: value}).to_dict()
+        return key not in config_class(**{key: value}).to_dict()
     except Exception:
         return False
 
@@ -201,6 +201,34 @@ def test_medusa_keeps_fasterdecoding_names(exported):
     for key in ("medusa_num_heads", "medusa_num_layers", "base_model_name_or_path"):
         assert f"`{key}`" in s1 and key in cfg
     assert (out / "medusa_lm_head.safetensors").is_file()
+
+
+def test_dflash_is_the_zlab_layout(exported):
+    """DEPLOY_FORMATS §5 (z-lab DFlash): config keys and values, tensor names, no embed_tokens or lm_head
+    (the target's are shared); layer_types all full_attention, which vLLM's qwen3_dflash reads as a
+    non-causal block. Every other key is a Qwen3 config field or trtspec's own provenance."""
+    out = exported["dflash", "dflash"]
+    cfg, t = _config(out), _tensors(out)
+    s5 = section("DEPLOY_FORMATS.md", "5.")
+    zlab = s5.split("**DSpark**")[0]
+    assert '`architectures ["DFlashDraftModel"]`' in zlab and cfg["architectures"] == ["DFlashDraftModel"]
+    assert '`model_type "qwen3"`' in zlab and cfg["model_type"] == "qwen3"
+    for key in ("block_size", "num_target_layers"):
+        assert f"`{key}`" in zlab and isinstance(cfg[key], int), key
+    assert "`dflash_config {mask_token_id, target_layer_ids}`" in zlab
+    assert set(cfg["dflash_config"]) == {"mask_token_id", "target_layer_ids"}
+    assert all(-1 <= i < cfg["num_target_layers"] for i in cfg["dflash_config"]["target_layer_ids"])
+    assert set(cfg["layer_types"]) == {"full_attention"} and len(cfg["layer_types"]) == cfg["num_hidden_layers"]
+    pats = name_patterns(zlab.split("**Tensors**")[1].split("**Serving.**")[0])
+    assert [n for n in t if not any(p.match(n) for p in pats)] == []
+    assert not any(n.startswith(("embed_tokens", "lm_head")) for n in t)
+    assert t["fc.weight"].shape[1] == t["fc.weight"].shape[0] * len(cfg["dflash_config"]["target_layer_ids"])
+    odd = [
+        k
+        for k, v in cfg.items()
+        if not _hf_standard(k, v, transformers.Qwen3Config) and k not in documented_names(zlab) and not k.startswith("trtspec_")
+    ]
+    assert odd == []
 
 
 def test_refusals_are_one_clear_line_and_leave_nothing(demo_paths, tmp_path):

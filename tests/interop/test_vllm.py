@@ -1,8 +1,8 @@
 """vLLM (CPU build, ``.venv-vllm``) loads what ``trtspec export`` writes and speculates with it exactly as
 trtspec's reference runtime does.
 
-A tiny Llama (real HF files, a character tokenizer vLLM loads) gets EAGLE heads trained by trtspec's
-trainer and random EAGLE-3 / Medusa demo heads; each is exported and run by ``vllm.LLM`` in its own
+A tiny Llama (real HF files, a character tokenizer vLLM loads) gets EAGLE heads and a DFlash block
+drafter trained by trtspec's trainer and random EAGLE-3 / Medusa demo heads; each is exported and run by ``vllm.LLM`` in its own
 process (scripts/vllm_run.py). Checked: greedy output identical to vLLM without speculation and to
 trtspec's, and vLLM's spec-decode counters (drafts, accepted tokens, per position) within 10% relative of
 the reference runtime's on the same prompts and draft length. ``scripts/setup_vllm.sh`` builds the venv;
@@ -67,7 +67,7 @@ def reference(target: Path, heads: Path | None, prompts: list[list[int]]) -> dic
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """Target, prompts, trained EAGLE heads and demo EAGLE-3 / Medusa heads, all exported."""
+    """Target, prompts, trained EAGLE heads and DFlash drafter, demo EAGLE-3 / Medusa heads, all exported."""
     from trtspec.checkpoint.target import load_hf_causal_lm
     from trtspec.demo.tiny import make_tiny_llama
     from trtspec.demo.tokenizer import write_char_tokenizer
@@ -88,11 +88,16 @@ def world(tmp_path_factory):
                       ckpt_every=0)  # fmt: skip
     module, _ = train(target, HiddenCache(root / "cache"), cfg, progress=False)
     heads = {"eagle": save_heads("eagle", module, target, root / "heads-eagle", {})}
+    cfg = TrainConfig(kind="dflash", num_heads=K, steps=300, batch_tokens=512, lr=3e-3, lm_dtype="float32", warmup=10,
+                      ckpt_every=0)  # fmt: skip
+    module, _ = train(target, HiddenCache(root / "cache"), cfg, progress=False)  # a block of K + 1: K drafts
+    heads["dflash"] = save_heads("dflash", module, target, root / "heads-dflash", {})
     for kind in ("eagle3", "medusa"):
         heads[kind] = registry.get(kind).make_demo(target, root / f"heads-{kind}")
     exports = {
         fmt: export_draft(heads[kind], tdir, fmt, root / f"export-{fmt}", tree=CHAIN)
-        for kind, fmt in (("eagle", "eagle"), ("eagle3", "eagle3"), ("eagle3", "speculators"), ("medusa", "medusa"))
+        for kind, fmt in (("eagle", "eagle"), ("eagle3", "eagle3"), ("eagle3", "speculators"), ("medusa", "medusa"),
+                          ("dflash", "dflash"))  # fmt: skip
     }
     prompts = items[:8]  # prompts the heads were trained on: acceptance well above zero
     plain = run_vllm(root, "plain", tdir, None, prompts)
@@ -111,7 +116,7 @@ def _close(a: float, b: float, rel: float = 0.10) -> bool:
 @pytest.mark.parametrize(
     "fmt,method,kind",
     [("eagle", "eagle", "eagle"), ("eagle3", "eagle3", "eagle3"), ("speculators", None, "eagle3"),
-     ("medusa", "medusa", "medusa")],
+     ("medusa", "medusa", "medusa"), ("dflash", "dflash", "dflash")],
 )  # fmt: skip
 def test_export_speculates_in_vllm_like_the_reference(world, fmt, method, kind):
     export = world["exports"][fmt]
@@ -131,7 +136,7 @@ def test_export_speculates_in_vllm_like_the_reference(world, fmt, method, kind):
     print(report)
     assert _close(accepted / drafts, ref["accepted"] / ref["drafts"]), report
     assert _close(drafts, ref["drafts"]), report
-    if kind == "eagle":
+    if kind in ("eagle", "dflash"):
         assert ref["accepted"] / ref["drafts"] > 0.5, report  # trained heads: the comparison means something
 
 

@@ -234,10 +234,24 @@ def block_config(
     module: BlockDraftModel, target: TargetSpec, architectures: list[str], section: str, **extra
 ) -> dict[str, Any]:
     """The config.json of a trained or demo block drafter (a Qwen3 config + the block fields)."""
-    a = module.arch
     ids = [i - 1 for i in module.aux_layers]
+    return draft_config(module.arch, target, module.block_size, module.mask_token_id, ids, architectures, section, **extra)
+
+
+def draft_config(
+    a: LlamaArch,
+    target: TargetSpec,
+    block_size: int,
+    mask_token_id: int,
+    target_layer_ids: list[int],
+    architectures: list[str],
+    section: str,
+    **extra,
+) -> dict[str, Any]:
+    """The public config.json of a block drafter with architecture ``a``: a Qwen3 config, ``block_size``
+    and ``num_target_layers`` at the top, ``{mask_token_id, target_layer_ids}`` under ``section``."""
     mask_id, mask_text = mask_token(target)
-    fields: dict[str, Any] = {"mask_token_id": module.mask_token_id, "target_layer_ids": ids}
+    fields: dict[str, Any] = {"mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids)}
     cfg: dict[str, Any] = {
         "architectures": architectures,
         "model_type": "qwen3",
@@ -256,12 +270,12 @@ def block_config(
         "attention_bias": a.attention_bias,
         "tie_word_embeddings": False,
         "layer_types": ["full_attention"] * a.num_hidden_layers,
-        "block_size": module.block_size,
+        "block_size": block_size,
         "num_target_layers": target.arch.num_hidden_layers,
         section: fields,
         "trtspec_target": {"fingerprint": target.fingerprint, "model_type": target.arch.model_type},
     }
-    if module.mask_token_id == mask_id and mask_text is not None:
+    if mask_token_id == mask_id and mask_text is not None:
         cfg["trtspec_target"]["mask_token"] = mask_text  # which existing token stands in for the mask
     cfg.update(extra)
     return cfg

@@ -83,5 +83,6 @@ KIND = DrafterKind(
     pytorch=PyTorchRoute(decoding_type="DFlash", draft_format="dflash"),
     training=TrainingRecipe("block", new_module, save, uses_num_heads=True),
     formats=("dflash",),
+    export_formats=("dflash",),
     max_tree_depth=lambda spec: int(spec.config["block_size"]) - 1,
 )

@@ -13,6 +13,7 @@ _MODULES = (
     "trtspec.export.eagle3",
     "trtspec.export.speculators",
     "trtspec.export.medusa",
+    "trtspec.export.dflash",
 )
 
 EXPORTERS: dict[str, Exporter] = {}
