@@ -49,6 +49,24 @@ RUNS = {  # name -> (kind, rmsnorm)
     "ngram": ("ngram", False),  # model-free: nothing trained, same prompts and timing
     "suffix": ("suffix", False),
 }
+#: a run "MODEL+FREE" (e.g. eagle+suffix) evaluates MODEL's heads with the model-free drafter FREE beside
+#: them (``--also-draft``), on the heads MODEL's own run trained: no extra training
+DEFAULT_COMBINED = ("eagle+suffix", "mtp-single+suffix")
+
+
+def run_parts(name: str) -> tuple[str, str | None]:
+    """(the run whose heads are used, the model-free drafter beside them or None)."""
+    base, _, also = name.partition("+")
+    return base, also or None
+
+
+def check_run(name: str) -> str:
+    base, also = run_parts(name)
+    if base not in RUNS or (also is not None and (also not in RUNS or not registry.get(RUNS[also][0]).model_free)):
+        raise argparse.ArgumentTypeError(f"unknown run {name!r}: one of {', '.join(RUNS)}, or MODEL+ngram / MODEL+suffix")
+    if also is not None and registry.get(RUNS[base][0]).model_free:
+        raise argparse.ArgumentTypeError(f"run {name!r}: the part before '+' must be a model drafter")
+    return name
 
 
 def parse() -> argparse.Namespace:
@@ -66,7 +84,19 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--gen-tokens", type=int, default=96, help="target reply length cached per prompt")
     ap.add_argument("--topk", type=int, default=8, help="target top-k logits cached (soft labels)")
     ap.add_argument("--cache-batch", type=int, default=32)
-    ap.add_argument("--runs", default=",".join(RUNS), help="comma list of " + ", ".join(RUNS))
+    ap.add_argument(
+        "--runs",
+        default=",".join([*RUNS, *DEFAULT_COMBINED]),
+        help="comma list of " + ", ".join(RUNS) + "; MODEL+FREE (e.g. eagle+suffix) runs MODEL's heads with the "
+        "model-free drafter FREE beside them",
+    )
+    ap.add_argument(
+        "--also-depth",
+        type=int,
+        default=6,
+        help="MODEL+FREE runs also try each tuned tree with its first chain deepened to this depth (a "
+        "model-free match can be long)",
+    )
     ap.add_argument("--epochs-linear", type=float, default=4.0, help="epochs for medusa / mtp-linear")
     ap.add_argument("--epochs-recurrent", type=float, default=2.0, help="epochs for eagle / mtp-single")
     ap.add_argument("--lr-linear", type=float, default=3e-3)
@@ -98,6 +128,11 @@ def parse() -> argparse.Namespace:
         "pre-packed oneDNN kernels where the CPU has AVX512-BF16/AMX, else float32)",
     )
     args = ap.parse_args()
+    for name in [r for r in args.runs.split(",") if r]:
+        try:
+            check_run(name)
+        except argparse.ArgumentTypeError as exc:
+            ap.error(str(exc))
     from trtspec.dtypes import resolve_dtype
 
     args.dtype = resolve_dtype(args.dtype).name
@@ -187,9 +222,10 @@ def main() -> None:
     mine: set[str] = set()  # rows this process produced; other rows come from the file
     merge_runs(results_path, results, mine)
     for name in [r for r in args.runs.split(",") if r]:
-        kind, rms = RUNS[name]
-        heads_dir = args.out / "heads" / name
-        info = train_run(args, target, cache, name, kind, rms, heads_dir)
+        base, also = run_parts(name)
+        kind, rms = RUNS[base]
+        heads_dir = args.out / "heads" / base
+        info = train_run(args, target, cache, base, kind, rms, heads_dir)
         own_vocab = registry.get(kind).own_draft_vocab or registry.get(kind).model_free
         if dv is not None and not own_vocab:  # written after training so reused heads get the current vocabulary too
             from trtspec.checkpoint.heads.draft_vocab import save_draft_vocab
@@ -203,11 +239,12 @@ def main() -> None:
                 f"{name}: evaluating with {'the full vocabulary' if not size else f'a {size}-token draft vocabulary'}",
                 flush=True,
             )
-            by_vocab[size] = evaluate(args, heads_dir, calib, eval_by_domain, budgets, size)
+            by_vocab[size] = evaluate(args, heads_dir, calib, eval_by_domain, budgets, size, also)
         best_size = max(by_vocab, key=lambda n: by_vocab[n]["speedup"] or 0.0)
         row = dict(by_vocab[best_size])
         row.update(
             kind=kind,
+            also_draft=also,
             rmsnorm=rms,
             training=info,
             draft_vocab=best_size,
@@ -313,9 +350,10 @@ def aux_layers_of(args, target) -> tuple[int, ...]:
 
     layers: set[int] = set()
     for name in [r for r in args.runs.split(",") if r]:
-        if registry.get(RUNS[name][0]).training is None:  # model-free: reads no layers
+        kind = RUNS[run_parts(name)[0]][0]
+        if registry.get(kind).training is None:  # model-free: reads no layers
             continue
-        hook = recipe(RUNS[name][0]).aux_layers
+        hook = recipe(kind).aux_layers
         if hook is not None:
             layers.update(hook(target))
     return tuple(sorted(layers))
@@ -338,10 +376,13 @@ def block_report(spec, budgets) -> dict:
     return {"budgets": rows, "per_depth_topk": None}
 
 
-def evaluate(args, heads_dir: Path, calib, eval_by_domain: dict, budgets, draft_vocab: int = 0) -> dict:
+def evaluate(
+    args, heads_dir: Path, calib, eval_by_domain: dict, budgets, draft_vocab: int = 0, also: str | None = None
+) -> dict:
     """Tune trees on the calibration cache, measure every tree on every domain (plain interleaved), keep
     the tree with the best mean speedup over the domains, and time adaptive speculation with it. Block
-    drafters are measured on chains instead (their drafts do not branch)."""
+    drafters are measured on chains instead (their drafts do not branch). ``also``: a model-free drafter
+    beside the heads; the tuned trees are then also tried with their first chain deepened."""
     from trtspec.runtime.generate import SpeculativeGenerator
     from trtspec.train.heads import recipe
     from trtspec.train.tune_run import measure_decode, tune_on_cache
@@ -349,16 +390,28 @@ def evaluate(args, heads_dir: Path, calib, eval_by_domain: dict, budgets, draft_
     kind = registry.detect(heads_dir)
     block = registry.get(kind).model_free or is_block(kind) or recipe(kind).aux_layers is not None
     # ^ measured on chains: tune-tree cannot measure drafters that read text or other layers
-    spec = load_spec_model(
-        args.target, heads_dir, tree=None if block else "chain:1", dtype="float32", draft_vocab=draft_vocab
-    )
-    gen = SpeculativeGenerator(spec, dtype=getattr(torch, args.dtype))
+
+    def generator(also_draft: str | None):
+        spec = load_spec_model(
+            args.target,
+            heads_dir,
+            tree=None if block else "chain:1",
+            dtype="float32",
+            draft_vocab=draft_vocab,
+            also_draft=also_draft,
+        )
+        return spec, SpeculativeGenerator(spec, dtype=getattr(torch, args.dtype))
+
+    spec, gen = generator(None)  # trees are tuned for the heads alone (tune-tree measures one drafter)
     eos = spec.target.arch.eos_token_id
     t0 = time.perf_counter()
     if block:
         rep = block_report(spec, budgets)
     else:
         rep = tune_on_cache(gen, calib, [], budgets, topk=8, speed=False, echo=lambda s: print(s, flush=True))
+    if also is not None:
+        spec, gen = generator(also)
+        rep["budgets"] += deepened(rep["budgets"], args.also_depth, spec_depth(gen))
     trees = {r["nodes"]: tuple(tuple(c) for c in r["choices"]) for r in rep["budgets"]}
     by_domain = {}
     for domain, items in eval_by_domain.items():
@@ -395,6 +448,26 @@ def evaluate(args, heads_dir: Path, calib, eval_by_domain: dict, budgets, draft_
         "per_depth_topk": rep["per_depth_topk"],
         "eval_s": time.perf_counter() - t0,
     }
+
+
+def spec_depth(gen) -> int | None:
+    """The deepest tree the model drafter can fill (None: any depth, a recurrent drafter)."""
+    return gen.drafter.max_depth
+
+
+def deepened(rows: list[dict], depth: int, limit: int | None) -> list[dict]:
+    """Each tuned tree with its first chain (0, 0, ...) extended to ``depth`` (capped by the drafter),
+    as extra rows keyed by their node count; trees whose count is taken already are skipped."""
+    depth = min(depth, limit) if limit is not None else depth
+    taken, extra = {r["nodes"] for r in rows}, []
+    for r in rows:
+        choices = [list(c) for c in r["choices"]]
+        choices += [[0] * d for d in range(1, depth + 1) if [0] * d not in choices]
+        if len(choices) in taken:
+            continue
+        taken.add(len(choices))
+        extra.append({"nodes": len(choices), "choices": choices, "choices_json": json.dumps(choices), "expected": None})
+    return extra
 
 
 def adaptive_speedup(gen, items, choices, max_new_tokens: int, eos) -> float:
