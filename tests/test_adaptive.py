@@ -78,6 +78,24 @@ def test_model_free_steps_without_a_match_do_not_count_as_rejections():
     assert sum(1 for d in tail if d == 4) >= 0.9 * len(tail)
 
 
+def test_a_drafter_whose_every_step_is_trimmed_still_speculates():
+    """A model-free drafter that always matches 2 tokens of a 4-deep chain, and is always right: every
+    speculative step is trimmed, so no option's own time is ever measured. The trimmed steps' times must
+    stand in for a node's cost; without them no speculative option has a rate and the policy would
+    decode plain for good after its first steps."""
+    policy = AdaptiveSpeculation(build_tree(tuple((0,) * d for d in range(1, 5))))
+    depths = []
+    for _ in range(120):
+        tree = policy.choose()
+        depths.append(tree.max_depth)
+        if tree.max_depth:
+            policy.record([2], 1.0 + 0.02 * 2, trimmed=True, verified_depth=min(2, tree.max_depth), verified_nodes=2)
+        else:
+            policy.record([0], 1.0)
+    tail = depths[20:]
+    assert sum(1 for d in tail if d) >= 0.9 * len(tail)
+
+
 @pytest.fixture(scope="module")
 def useless(tmp_path_factory):
     """A target and a draft model of the same shape but other random weights: it accepts next to nothing."""

@@ -31,6 +31,7 @@ class AdaptiveSpeculation:
     full: TreeBuffers
     alpha: float = 0.3  # weight of the newest step in the moving averages
     prior_accept: float = 0.6  # P(accept >= 1) before anything is measured (depth d: prior ** d)
+    prior_steps: float = 2.0  # the prior weighs as much as this many measured steps (one unlucky step is not proof)
     probe_every: int = 8
     max_probe_every: int = 64
     explore_steps: int = 2  # steps with the exploration tree (cut at ``explore_depth``) before the first decision
@@ -55,6 +56,9 @@ class AdaptiveSpeculation:
         self._explored = 0
         self._since_plain = 0
         self._last = 0
+        #: (wall time, verified nodes) of recent trimmed steps: a model-free drafter whose every step matched
+        #: only part of the tree still tells what a node costs, or no speculative option would ever get a time
+        self.partial: list[tuple[float, int]] = []
 
     # estimates ----------------------------------------------------------------------------------
     def acceptance(self) -> list[float]:
@@ -93,9 +97,16 @@ class AdaptiveSpeculation:
             key=lambda k: abs(k - option),
             default=None,
         )
-        if t0 is None or ref is None:
+        if t0 is None:
             return None
-        per_node = max(self.measured_time(ref) - t0, 0.0) / max(self.options[ref].num_nodes, 1)
+        if ref is not None:
+            per_node = max(self.measured_time(ref) - t0, 0.0) / max(self.options[ref].num_nodes, 1)
+        elif self.partial:  # only trimmed steps so far: their mean extra time per verified node
+            per_node = max(sum(t for t, _ in self.partial) / len(self.partial) - t0, 0.0) / max(
+                sum(n for _, n in self.partial) / len(self.partial), 1
+            )
+        else:
+            return None
         return t0 + per_node * self.options[option].num_nodes
 
     def rate(self, option: int) -> float | None:
@@ -136,18 +147,26 @@ class AdaptiveSpeculation:
         return 0
 
     def record(
-        self, accepted: list[int], wall_s: float, trimmed: bool = False, verified_depth: int | None = None
+        self,
+        accepted: list[int],
+        wall_s: float,
+        trimmed: bool = False,
+        verified_depth: int | None = None,
+        verified_nodes: int | None = None,
     ) -> None:
         """What the step chosen by the last ``choose`` cost and accepted (one entry per live sequence).
         ``trimmed``: the drafter filled only part of the tree (model-free, short matches) and the loop
         verified only ``verified_depth`` levels, so the wall time is not this option's cost, and the
         levels nobody drafted say nothing about acceptance. Acceptance is thus measured where the drafter
         drafts; steps where it drafts nothing cost a plain step, so speculating pays exactly when this
-        conditional rate beats plain decoding's."""
+        conditional rate beats plain decoding's. ``verified_nodes``: the nodes a trimmed step verified (its
+        time then estimates a node's cost until an untrimmed step measures an option)."""
         k = self._last
         if not trimmed:
             self.times[k].append(wall_s)
             del self.times[k][1 : -self.window]  # keep the first (warm-up) sample and a window of recent ones
+        elif verified_nodes:
+            self.partial = [*self.partial, (wall_s, verified_nodes)][-self.window :]
         if verified_depth is not None:  # equals the chosen depth unless the step was trimmed
             k = min(k, verified_depth)
         if k == 0 or not accepted:
@@ -157,9 +176,9 @@ class AdaptiveSpeculation:
         n = len(accepted)
         for d in range(1, k + 1):
             hit = sum(1 for a in accepted if a >= d) / n
-            self.accept[d - 1] = (
-                hit if not self.seen[d - 1] else (1 - self.alpha) * self.accept[d - 1] + self.alpha * hit
-            )
+            # a running mean with the prior as ``prior_steps`` pseudo-steps, then a moving average
+            w = max(self.alpha, 1.0 / (self.seen[d - 1] + 1 + self.prior_steps))
+            self.accept[d - 1] = (1 - w) * self.accept[d - 1] + w * hit
             self.seen[d - 1] += 1
         if self._explored >= self.explore_steps:
             pays = (self.rate(k) or 0.0) > (self.rate(0) or 0.0) * (1 + self.margin)

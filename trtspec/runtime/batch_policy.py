@@ -132,11 +132,16 @@ class BatchAwareSpeculation:
             policy.accept, policy.seen = self._accept, self._seen
 
     def record(
-        self, accepted: list[int], wall_s: float, trimmed: bool = False, verified_depth: int | None = None
+        self,
+        accepted: list[int],
+        wall_s: float,
+        trimmed: bool = False,
+        verified_depth: int | None = None,
+        verified_nodes: int | None = None,
     ) -> None:
         """``trimmed``: the step verified less than the chosen tree (AdaptiveSpeculation.record)."""
         if self._last is not None:
-            self._last.record(accepted, wall_s, trimmed, verified_depth)
+            self._last.record(accepted, wall_s, trimmed, verified_depth, verified_nodes)
 
     def table(self) -> dict[int, int]:
         """The schedule in effect (for manifests and metrics): batch-size threshold -> depth."""

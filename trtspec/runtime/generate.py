@@ -401,7 +401,13 @@ def decode(
         wall = time.perf_counter() - t0
         live = [a for a in accepted if a is not None]
         if policy is not None:
-            policy.record(live, wall, trimmed=step_tree is not chosen_tree, verified_depth=step_tree.max_depth)
+            policy.record(
+                live,
+                wall,
+                trimmed=step_tree is not chosen_tree,
+                verified_depth=step_tree.max_depth,
+                verified_nodes=step_tree.num_nodes,
+            )
         if switch is not None and speculating:
             switch.record(drafter.use_model, live, wall)
         yield StepOutput(

@@ -273,6 +273,12 @@ class InflightBatcher:
                 )
             out.append(SlotOutput(s, new, res.accepted_len[i], tree.num_nodes, slot.done))
         wall = time.perf_counter() - t0
-        self.policy.record(list(res.accepted_len), wall, trimmed=tree is not chosen, verified_depth=tree.max_depth)
+        self.policy.record(
+            list(res.accepted_len),
+            wall,
+            trimmed=tree is not chosen,
+            verified_depth=tree.max_depth,
+            verified_nodes=tree.num_nodes,
+        )
         self.last_step = StepInfo(len(live), tree.num_nodes, tree.max_depth, wall)
         return out
