@@ -63,7 +63,9 @@ def run_parts(name: str) -> tuple[str, str | None]:
 def check_run(name: str) -> str:
     base, also = run_parts(name)
     if base not in RUNS or (also is not None and (also not in RUNS or not registry.get(RUNS[also][0]).model_free)):
-        raise argparse.ArgumentTypeError(f"unknown run {name!r}: one of {', '.join(RUNS)}, or MODEL+ngram / MODEL+suffix")
+        raise argparse.ArgumentTypeError(
+            f"unknown run {name!r}: one of {', '.join(RUNS)}, or MODEL+ngram / MODEL+suffix"
+        )
     if also is not None and registry.get(RUNS[base][0]).model_free:
         raise argparse.ArgumentTypeError(f"run {name!r}: the part before '+' must be a model drafter")
     return name

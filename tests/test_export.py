@@ -226,7 +226,9 @@ def test_dflash_is_the_zlab_layout(exported):
     odd = [
         k
         for k, v in cfg.items()
-        if not _hf_standard(k, v, transformers.Qwen3Config) and k not in documented_names(zlab) and not k.startswith("trtspec_")
+        if not _hf_standard(k, v, transformers.Qwen3Config)
+        and k not in documented_names(zlab)
+        and not k.startswith("trtspec_")
     ]
     assert odd == []
 

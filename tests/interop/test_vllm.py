@@ -96,8 +96,13 @@ def world(tmp_path_factory):
         heads[kind] = registry.get(kind).make_demo(target, root / f"heads-{kind}")
     exports = {
         fmt: export_draft(heads[kind], tdir, fmt, root / f"export-{fmt}", tree=CHAIN)
-        for kind, fmt in (("eagle", "eagle"), ("eagle3", "eagle3"), ("eagle3", "speculators"), ("medusa", "medusa"),
-                          ("dflash", "dflash"))  # fmt: skip
+        for kind, fmt in (
+            ("eagle", "eagle"),
+            ("eagle3", "eagle3"),
+            ("eagle3", "speculators"),
+            ("medusa", "medusa"),
+            ("dflash", "dflash"),
+        )  # fmt: skip
     }
     prompts = items[:8]  # prompts the heads were trained on: acceptance well above zero
     plain = run_vllm(root, "plain", tdir, None, prompts)

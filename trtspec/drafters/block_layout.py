@@ -235,7 +235,9 @@ def block_config(
 ) -> dict[str, Any]:
     """The config.json of a trained or demo block drafter (a Qwen3 config + the block fields)."""
     ids = [i - 1 for i in module.aux_layers]
-    return draft_config(module.arch, target, module.block_size, module.mask_token_id, ids, architectures, section, **extra)
+    return draft_config(
+        module.arch, target, module.block_size, module.mask_token_id, ids, architectures, section, **extra
+    )
 
 
 def draft_config(
