@@ -42,7 +42,7 @@ echo "flags: $(grep -m1 -o -w 'avx2\|avx512f\|avx512_bf16\|amx_bf16' /proc/cpuin
 stage prepare $BIN/python scripts/prepare_smollm2.py
 stage train-heads $BIN/trtspec train-heads -t $T --kind "$KIND" --data "mix:$SAMPLES" -o "$OUT/heads" --draft-vocab 8192
 stage tune-tree $BIN/trtspec tune-tree -t $T -H "$OUT/heads" --data mix-eval --nodes "$NODES" --write-heads
-stage generate $BIN/trtspec generate -t $T -H "$OUT/heads" -p "What is the capital of France?" --compare
+stage generate $BIN/trtspec generate -t $T -H "$OUT/heads" --also-draft suffix -p "Explain how a bicycle works." --max-tokens 128 --compare
 echo "--- recipe ($KIND, mix:$SAMPLES) ---"
 cat "$LOG"
 awk '{s += $2} END {printf "total        %8.1f s (%.1f min)\n", s, s / 60}' "$LOG"
