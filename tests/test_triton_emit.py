@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from triton_support import make_model
 
@@ -225,6 +226,31 @@ def test_model_free_settings_dir_emits_for_the_reference_runtime(model, tmp_path
     assert "tensorrt_llm_draft" not in load_repository(repo)
     with pytest.raises(UsageError, match="cannot draft from text"):
         emit_repository(spec, "trtllm", tmp_path / "r2", engine_dir=Path("/e"))
+
+
+def test_model_free_address_emits_and_the_server_loads_it(model, tmp_path, monkeypatch):
+    """``--heads ngram:2`` / ``--heads suffix:corpus.jsonl`` (no directory) go to the config as the address,
+    a corpus file made absolute; the served model's load (target dir, heads, kind) gets the same drafter."""
+    (tmp_path / "corpus.jsonl").write_text(json.dumps({"token_ids": [5, 6, 7, 8]}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    for address, want in (("ngram:2", "ngram:2"), ("suffix:corpus.jsonl", f"suffix:{tmp_path / 'corpus.jsonl'}")):
+        repo = tmp_path / f"repo-{address.split(':')[0]}"
+        res = CliRunner().invoke(
+            main,
+            ["triton", "emit", "--target", str(model["target"]), "--heads", address, "--runtime", "reference",
+             "--out", str(repo)],
+        )  # fmt: skip
+        assert res.exit_code == 0, res.output
+        p = _params(load_repository(repo)["tensorrt_llm"])
+        assert p["trtspec_heads_dir"] == want
+        served = load_spec_model(model["target"], p["trtspec_heads_dir"], heads_format=p["trtspec_drafter_kind"])
+        given = load_spec_model(model["target"], address)
+        assert served.drafter.kind == given.drafter.kind
+        a, b = dict(served.drafter.config), dict(given.drafter.config)
+        assert a.pop("corpus", None) in (b.pop("corpus", None), want.partition(":")[2]) and a == b
+        assert sorted(served.drafter.tensors) == sorted(given.drafter.tensors)
+        for name in served.drafter.tensors:  # the suffix corpus, as token ids
+            assert torch.equal(served.drafter.tensors.load(name), given.drafter.tensors.load(name))
 
 
 def test_draft_len_schedule_goes_to_the_config_and_the_manifest(spec, tmp_path):

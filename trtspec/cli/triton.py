@@ -62,9 +62,10 @@ def triton_group() -> None:
 @click.option(
     "--heads",
     "-H",
-    type=click.Path(exists=True, path_type=Path),
+    type=click.Path(path_type=Path),
     default=None,
-    help=f"Drafter: heads of any registered kind ({', '.join(registry.names())}).",
+    help=f"Drafter: heads of any registered kind ({', '.join(registry.names())}), or a model-free kind by "
+    f"name ({', '.join(registry.model_free())}; NAME:ARG).",
 )
 @click.option(
     "--heads-format",

@@ -246,7 +246,7 @@ def template_values(
     if runtime == "reference":
         v.update(
             trtspec_target_dir=str(Path(spec.target.path).resolve()),
-            trtspec_heads_dir=str(Path(spec.drafter.path).resolve()) if spec.drafter else None,
+            trtspec_heads_dir=heads_reference(spec) if spec.drafter else None,
             trtspec_dtype=o.get("trtspec_dtype") or _dtype_name(spec.dtype),
             trtspec_speculative=bool(speculative),
             trtspec_adaptive=bool(o.get("trtspec_adaptive")) and bool(speculative),
@@ -511,3 +511,14 @@ def read_manifest(repo: Path) -> dict:
         return json.loads(f.read_text())
     except json.JSONDecodeError:
         raise CheckpointError("not valid JSON", f) from None
+
+
+def heads_reference(spec: SpecModel) -> str:
+    """What the served model loads its drafter from: the heads directory as an absolute path, or, for a
+    model-free drafter selected by name (``ngram``, ``suffix:corpus.jsonl``: no directory), that address
+    with its argument made absolute when it names a file, so the server resolves it from any directory."""
+    path = Path(spec.drafter.path)
+    if path.exists() or not registry.get(spec.drafter.kind).model_free:
+        return str(path.resolve())
+    name, sep, arg = str(path).partition(":")
+    return f"{name}:{Path(arg).resolve()}" if sep and Path(arg).exists() else str(path)
