@@ -253,6 +253,18 @@ def test_model_free_address_emits_and_the_server_loads_it(model, tmp_path, monke
             assert torch.equal(served.drafter.tensors.load(name), given.drafter.tensors.load(name))
 
 
+def test_also_draft_goes_to_the_reference_config_and_the_engine_path_refuses_it(model, tmp_path):
+    both = load_spec_model(model["target"], model["heads"], also_draft="suffix")
+    repo = emit_repository(both, "reference", tmp_path / "repo")
+    p = _params(load_repository(repo)["tensorrt_llm"])
+    assert p["trtspec_also_draft"] == "suffix" and p["trtspec_drafter_kind"] == "medusa"
+    assert json.loads((repo / MANIFEST).read_text())["also_draft"] == "suffix"
+    alone = emit_repository(load_spec_model(model["target"], model["heads"]), "reference", tmp_path / "r1")
+    assert "trtspec_also_draft" not in _params(load_repository(alone)["tensorrt_llm"])
+    with pytest.raises(UsageError, match="also-draft"):
+        emit_repository(both, "trtllm", tmp_path / "r2", engine_dir=Path("/e"))
+
+
 def test_draft_len_schedule_goes_to_the_config_and_the_manifest(spec, tmp_path):
     depth = spec.tree.depth
     repo = emit_repository(spec, "reference", tmp_path / "repo")

@@ -204,3 +204,28 @@ def test_replies_carry_per_request_acceptance(oracle):
         assert all(1 >= a >= b >= 0 for a, b in zip(pos, pos[1:]))
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_heads_with_a_model_free_drafter_beside_them_serve_greedy_text(oracle, adaptive):
+    """What ``triton emit --also-draft suffix`` serves: the Medusa heads and the suffix drafter in one
+    in-flight batch. Repetitive prompts make the suffix drafter match, so both sources propose; every
+    request still gets exactly the plain greedy tokens."""
+    from trtspec.load import load_spec_model
+    from trtspec.runtime.generate import SpeculativeGenerator
+
+    spec = load_spec_model(oracle.spec.target.path, oracle.spec.drafter.path, also_draft="suffix")
+    gen = SpeculativeGenerator(spec)
+    backend = ReferenceBackend(gen, speculative=True, max_batch_size=4, adaptive=adaptive, start=False)
+    try:
+        prompts = ["abc abc abc abc abc", "la la la la la la", *PROMPTS[:2]]
+        collectors = [_submit(backend, oracle, p, 24, i % 2 == 0) for i, p in enumerate(prompts)]
+        backend.start()
+        for c in collectors:
+            assert c.done.wait(120)
+        for p, c in zip(prompts, collectors):
+            assert c.tokens == list(oracle.tokens(p, 24)), p
+        if not adaptive:  # (adaptive may stop speculating: the demo heads are random)
+            assert gen.drafter.chosen["model-free"] > 0  # the suffix drafter did propose
+    finally:
+        backend.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from trtspec.cli.options import tree_option
+from trtspec.cli.options import also_draft_option, tree_option
 from trtspec.drafters import registry
 from trtspec.errors import CheckpointError, UsageError
 from trtspec.triton.launch import LAUNCH_SCRIPT, TRTLLM_IMAGE
@@ -112,6 +112,7 @@ def triton_group() -> None:
     default=None,
     help="trtllm: the project's TensorRT plugin library (copied in, preloaded by the server).",
 )
+@also_draft_option
 @click.option("--max-batch-size", type=int, default=8, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="reference: cpu, cuda, cuda:N or auto.")
 @click.option("--no-speculative", is_flag=True, help="reference: plain decoding with the same model (baseline).")
@@ -161,6 +162,7 @@ def emit_cmd(
     draft_len_schedule,
     decoupled,
     max_seq_len,
+    also_draft,
 ) -> None:
     """Fill the Triton templates for a target + heads, validate every config.pbtxt against Triton's
     ModelConfig schema, and write the repository (preprocessing, tensorrt_llm, postprocessing, ensemble,
@@ -189,6 +191,7 @@ def emit_cmd(
         heads_format=fields.get("heads_format"),
         tree=fields.get("tree"),
         dtype=fields.get("dtype") if runtime == "reference" and not auto else None,
+        also_draft=also_draft,
     )
     options = {
         "triton_max_batch_size": max_batch_size,

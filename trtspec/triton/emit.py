@@ -21,7 +21,7 @@ from typing import Any
 
 from trtspec.drafters import registry
 from trtspec.errors import CheckpointError, UsageError
-from trtspec.spec import SpecModel
+from trtspec.spec import DrafterSpec, SpecModel
 from trtspec.triton.validate import PLACEHOLDER, validate_repository
 
 RUNTIMES = ("trtllm", "reference")
@@ -246,7 +246,8 @@ def template_values(
     if runtime == "reference":
         v.update(
             trtspec_target_dir=str(Path(spec.target.path).resolve()),
-            trtspec_heads_dir=heads_reference(spec) if spec.drafter else None,
+            trtspec_heads_dir=heads_reference(spec.drafter) if spec.drafter else None,
+            trtspec_also_draft=heads_reference(spec.also) if spec.also else None,
             trtspec_dtype=o.get("trtspec_dtype") or _dtype_name(spec.dtype),
             trtspec_speculative=bool(speculative),
             trtspec_adaptive=bool(o.get("trtspec_adaptive")) and bool(speculative),
@@ -261,6 +262,7 @@ def template_values(
         v.update(
             trtspec_target_dir=None,
             trtspec_heads_dir=None,
+            trtspec_also_draft=None,
             trtspec_dtype=None,
             trtspec_device=None,
             trtspec_speculative=None,
@@ -371,6 +373,7 @@ def draft_values(spec: SpecModel, runtime: str, values: dict[str, Any], draft_en
         v.update(
             trtspec_target_dir=str(Path(spec.drafter.path).resolve()),
             trtspec_heads_dir=None,
+            trtspec_also_draft=None,
             trtspec_speculative=False,
             trtspec_adaptive=False,
             trtspec_draft_len_schedule=None,
@@ -412,6 +415,11 @@ def emit_repository(
         engine_dir = Path(engine_dir).resolve()
     if runtime == "reference" and plugin_library is not None:
         raise UsageError("a plugin library only applies to the trtllm runtime")
+    if runtime == "trtllm" and spec.also is not None:
+        raise UsageError(
+            f"--also-draft {spec.also.kind}: TensorRT-LLM 1.2.1 engines run one drafter, none of them from text",
+            fix="emit --runtime reference to serve heads with a model-free drafter beside them",
+        )
     if plugin_library is not None and not Path(plugin_library).is_file():
         raise CheckpointError("plugin library not found", plugin_library, "build it with `trtspec plugins build`")
     options = dict(options or {})
@@ -470,6 +478,7 @@ def emit_repository(
             "draft_engine_dir": models[DRAFT_MODEL]["engine_dir"] if DRAFT_MODEL in models else None,
             "launch": "launch.sh" if runtime == "trtllm" else None,
             "drafter_kind": values["trtspec_drafter_kind"],
+            "also_draft": spec.also.kind if spec.also is not None else None,
             "decoding_mode": values["decoding_mode"],
             "tree_choices": json.loads(values["trtspec_tree_choices"] or "[]"),
             "max_draft_len": values["max_draft_len"],
@@ -513,12 +522,12 @@ def read_manifest(repo: Path) -> dict:
         raise CheckpointError("not valid JSON", f) from None
 
 
-def heads_reference(spec: SpecModel) -> str:
-    """What the served model loads its drafter from: the heads directory as an absolute path, or, for a
-    model-free drafter selected by name (``ngram``, ``suffix:corpus.jsonl``: no directory), that address
-    with its argument made absolute when it names a file, so the server resolves it from any directory."""
-    path = Path(spec.drafter.path)
-    if path.exists() or not registry.get(spec.drafter.kind).model_free:
+def heads_reference(drafter: DrafterSpec) -> str:
+    """What the served model loads a drafter from: its directory as an absolute path, or, for a model-free
+    drafter selected by name (``ngram``, ``suffix:corpus.jsonl``: no directory), that address with its
+    argument made absolute when it names a file, so the server resolves it from any directory."""
+    path = Path(drafter.path)
+    if path.exists() or not registry.get(drafter.kind).model_free:
         return str(path.resolve())
     name, sep, arg = str(path).partition(":")
     return f"{name}:{Path(arg).resolve()}" if sep and Path(arg).exists() else str(path)

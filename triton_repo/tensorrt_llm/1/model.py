@@ -123,6 +123,7 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         target = _param(cfg, "trtspec_target_dir")
         heads = _param(cfg, "trtspec_heads_dir") or None
+        also = _param(cfg, "trtspec_also_draft") or None
         kind = _param(cfg, "trtspec_drafter_kind") or None
         tree = _param(cfg, "trtspec_tree_choices") or None
         dtype = _param(cfg, "trtspec_dtype") or None
@@ -136,7 +137,12 @@ class TritonPythonModel:
                 device = f"cuda:{ids.split(',')[0].strip()}"
         choice = serving_compute(dtype, device, threads, echo=lambda line: print(f"tensorrt_llm (reference): {line}"))
         spec = load_spec_model(
-            target, heads, heads_format=kind if heads else None, tree=tree if heads else None, dtype=choice.dtype
+            target,
+            heads,
+            heads_format=kind if heads else None,
+            tree=tree if heads else None,
+            dtype=choice.dtype,
+            also_draft=also if heads else None,
         )
         self.generator = SpeculativeGenerator(spec, device=device, dtype=choice.dtype)
         self.max_seq_len = int(_param(cfg, "max_seq_len", "0") or 0) or spec.target.arch.max_position_embeddings
