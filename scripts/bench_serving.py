@@ -79,6 +79,12 @@ def main() -> int:
         action="store_true",
         help="prompts = the held-out chitchat conversations bench_acceptance.py evaluates on",
     )
+    ap.add_argument(
+        "--domain",
+        default=None,
+        help="prompts = the held-out part of one training source (chat, prose, code), as bench_acceptance.py",
+    )
+    ap.add_argument("--also-draft", default=None, help="a model-free drafter beside --heads (e.g. suffix)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--sweep", action="store_true", help="concurrency 1, 2, 4, 8, 16, 32")
     ap.add_argument("--max-batch-size", type=int, default=32, help="requests in flight per server")
@@ -111,7 +117,7 @@ def main() -> int:
 
         heads = write_truncated_draft(load_hf_causal_lm(args.target), args.draft_layers, tmp / "draft")
         fmt = "draft-model"
-    spec = load_spec_model(args.target, heads, heads_format=fmt, tree=args.tree)
+    spec = load_spec_model(args.target, heads, heads_format=fmt, tree=args.tree, also_draft=args.also_draft)
     tok = load_tokenizer(spec.target)
     print(f"spec: {spec.describe()}")
     prompts = list(DEFAULT_PROMPTS)[: args.requests] or list(DEFAULT_PROMPTS)
@@ -123,6 +129,12 @@ def main() -> int:
         bad = sum(tok.encode(p) != encode_prompt(tok, s) for p, s in zip(prompts, held[-args.requests :]))
         if bad:
             print(f"warning: {bad} chat prompts do not re-tokenize to the same ids")
+    if args.domain:
+        from trtspec.train.corpora import source_samples
+        from trtspec.train.data import encode_prompt
+
+        held = source_samples(args.domain, evaluation=True, seed=0)[: args.requests]
+        prompts = [tok.decode(encode_prompt(tok, s)) for s in held]
     params = GenerateParams(max_tokens=args.max_tokens, end_id=-1)  # fixed length: ignore EOS, fair timing
     from trtspec.client.sweep import SWEEP, ratios, run_sweep
 
