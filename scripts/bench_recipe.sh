@@ -15,7 +15,7 @@ if [ "${1:-}" = "--mimic-avx2" ]; then
   export ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 TRTSPEC_CPU_BF16=0
 fi
 KIND=${KIND:-mtp-single}
-SAMPLES=${SAMPLES:-600}
+SAMPLES=${SAMPLES:-400}
 NODES=${NODES:-3,8,12}
 OUT=${OUT:-.cache/bench_recipe}
 T=.cache/smollm2
