@@ -86,7 +86,8 @@ def test_formats_are_declared_by_kinds():
 @pytest.mark.parametrize("kind,fmt", PAIRS)
 def test_round_trip_same_tensors_and_same_drafts(kind, fmt, exported, demo8):
     out = exported[kind, fmt]
-    assert registry.detect(out) == kind
+    reader = registry.detect(out)  # the kind itself, or the kind that declares it reads this format
+    assert reader == kind or fmt in registry.get(reader).formats, (reader, fmt)
     a = load_spec_model(demo8["target"], demo8[kind], tree=CHAIN, draft_vocab=0)
     b = load_spec_model(demo8["target"], out, tree=CHAIN, draft_vocab=0)
     for name in a.drafter.tensors:
@@ -231,6 +232,47 @@ def test_dflash_is_the_zlab_layout(exported):
         and not k.startswith("trtspec_")
     ]
     assert odd == []
+
+
+def test_deepseek_mtp_is_the_documented_layout(exported, demo8, tmp_path):
+    """HEAD_FORMATS §4: mtp-single heads written into a copy of the target as DeepSeek-V3's MTP layer
+    (num_nextn_predict_layers 1, model.layers.{L}.{enorm, hnorm, eh_proj, shared_head.*}, the shared head a
+    copy of the main one); the directory is a target that drafts with its own module when no --heads
+    is given, token for token as the heads it came from."""
+    out = exported["mtp-single", "deepseek-v3-mtp"]
+    cfg, t = _config(out), _tensors(out)
+    s4 = section("HEAD_FORMATS.md", "4.")
+    assert "`num_nextn_predict_layers = 1`" in s4 and cfg["num_nextn_predict_layers"] == 1
+    L, H = cfg["num_hidden_layers"], cfg["hidden_size"]
+    documented = s4.split("Keys under")[1].split("The layer also")[0]
+    for key in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight", "shared_head.head.weight"):
+        assert f"`{key}`" in documented and f"model.layers.{L}.{key}" in t, key
+    assert t[f"model.layers.{L}.eh_proj.weight"].shape == (H, 2 * H)
+    head = t.get("lm_head.weight", t["model.embed_tokens.weight"])
+    assert torch.equal(t[f"model.layers.{L}.shared_head.head.weight"], head)
+    main_tensors = _tensors(demo8["target"])
+    assert all(torch.equal(t[n], v) for n, v in main_tensors.items())  # the target itself is untouched
+    assert not any(n.startswith(f"model.layers.{L + 1}.") for n in t)
+    own = load_spec_model(out, None, tree=CHAIN, draft_vocab=0)  # no --heads: the target's own module
+    heads = load_spec_model(demo8["target"], demo8["mtp-single"], tree=CHAIN, draft_vocab=0)
+    assert own.drafter.kind == registry.detect(out)
+    prompts = [[1, 40, 50, 60, 70], [1, 45, 46, 47]]
+    seen_own, res_own = _drafted(own, prompts)
+    seen_heads, res_heads = _drafted(heads, prompts)
+    assert all(torch.equal(x, y) for x, y in zip(seen_own, seen_heads)) and res_own.tokens == res_heads.tokens
+
+
+def test_deepseek_mtp_refuses_heads_without_their_norms(demo8, tmp_path):
+    """The layout has enorm/hnorm/shared_head.norm: mtp-single heads trained with --no-rmsnorm are one
+    error line naming the switch, and nothing is written."""
+    from trtspec.drafters.mtp_single import new_module, save
+    from trtspec.errors import UsageError
+
+    target = load_hf_causal_lm(demo8["target"])
+    bare = save(new_module(target, rmsnorm=False), target, tmp_path / "bare", rmsnorm=False)
+    with pytest.raises(UsageError, match="--no-rmsnorm"):
+        export_draft(bare, demo8["target"], "deepseek-v3-mtp", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out*"))
 
 
 def test_refusals_are_one_clear_line_and_leave_nothing(demo_paths, tmp_path):

@@ -108,4 +108,5 @@ KIND = DrafterKind(
     training=TrainingRecipe("recurrent", new_module, save, uses_rmsnorm_switch=True),
     pytorch=PyTorchRoute(refusal=NO_GENERIC_MTP),
     formats=("trtspec-heads",),
+    export_formats=("deepseek-v3-mtp",),
 )

@@ -101,26 +101,41 @@ def build(spec: DrafterSpec, target, dtype: torch.dtype):
     return build_pair_drafter(spec, target, dtype, MtpSingleHead(spec.arch, has_rmsnorm=True))
 
 
-def make_demo(target: TargetSpec, out: Path) -> Path:
-    """A copy of the target that carries one random MTP module in the DeepSeek-V3 layout."""
+def write_target_with_mtp(
+    target: TargetSpec, state: dict[str, torch.Tensor], out: Path, dtype: torch.dtype | None = None
+) -> None:
+    """The target's files and weights plus ``state`` (canonical MtpSingleHead names) as its MTP layer
+    ``model.layers.{L}.*``, with ``num_nextn_predict_layers: 1``, into the fresh directory ``out``.
+
+    ``shared_head.head`` and ``embed_tokens`` are written as copies of the main model's, as DeepSeek-V3
+    checkpoints carry them; ``dtype`` None keeps the target's. The caller makes ``out`` atomic."""
     L = target.arch.num_hidden_layers
-    module = demo_init(MtpSingleHead(layer_arch(target.arch)), 5)
-    state = module_state(module, target.dtype)
     tensors = {n: target.tensors.load(n).contiguous() for n in target.tensors}
     for canonical, t in state.items():
         tensors[f"model.layers.{L}." + (OWN.get(canonical) or canonical.removeprefix("layer."))] = t
     head = "lm_head.weight" if "lm_head.weight" in tensors else "model.embed_tokens.weight"
     tensors[f"model.layers.{L}.shared_head.head.weight"] = tensors[head].clone()
     tensors[f"model.layers.{L}.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    dtype = dtype or target.dtype
+    tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()}
     src = target.path
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and not f.name.endswith(".index.json"):
+            shutil.copy2(f, out / f.name)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg[CONFIG_KEY] = 1
+    for key in ("torch_dtype", "dtype"):  # whichever the target's transformers version wrote
+        if key in cfg:
+            cfg[key] = str(dtype).removeprefix("torch.")
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def make_demo(target: TargetSpec, out: Path) -> Path:
+    """A copy of the target that carries one random MTP module in the DeepSeek-V3 layout."""
+    state = module_state(demo_init(MtpSingleHead(layer_arch(target.arch)), 5), target.dtype)
     with atomic_directory(Path(out), overwrite=True) as tmp:
-        for f in src.iterdir():
-            if f.is_file() and f.suffix != ".safetensors" and not f.name.endswith(".index.json"):
-                shutil.copy2(f, tmp / f.name)
-        cfg = json.loads((src / "config.json").read_text())
-        cfg[CONFIG_KEY] = 1
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        write_target_with_mtp(target, state, tmp)
     return Path(out)
 
 

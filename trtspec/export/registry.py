@@ -14,6 +14,7 @@ _MODULES = (
     "trtspec.export.speculators",
     "trtspec.export.medusa",
     "trtspec.export.dflash",
+    "trtspec.export.deepseek_mtp",
 )
 
 EXPORTERS: dict[str, Exporter] = {}
