@@ -271,7 +271,8 @@ class TritonPythonModel:
 
 
 def test_serve_command_starts_prints_and_stops_on_ctrl_c(tmp_path):
-    """`trtspec serve` in a subprocess, on free ports: ready line with the endpoints, SIGINT stops it.
+    """`trtspec serve` in a subprocess, on free ports: ready line with the endpoints, SIGINT stops it, also
+    when it was started with SIGINT ignored, as a shell starts a background job (`trtspec serve repo &`).
     (A torch-free echo model keeps this quick; the real repository is served by the fixture.)"""
     import subprocess
     import sys
@@ -301,6 +302,7 @@ def test_serve_command_starts_prints_and_stops_on_ctrl_c(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         ready = ""

@@ -324,10 +324,13 @@ def serve_cmd(repo, http_port, grpc_port, metrics_port, install, log_file, timeo
             )
         return
 
-    def _term(signum, frame):  # SIGTERM stops as cleanly as Ctrl-C
+    def _stop(signum, frame):  # SIGTERM stops as cleanly as Ctrl-C
         raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGTERM, _term)
+    # Installed explicitly, SIGINT included: a shell starts a background job (`trtspec serve repo &` in a
+    # script, a CI step) with SIGINT ignored, Python then never raises KeyboardInterrupt, and
+    # `kill -INT` would not stop the server this command says Ctrl-C stops.
+    old = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     server = TritonServer(
         repo,
         http_port=http_port,
@@ -350,7 +353,8 @@ def serve_cmd(repo, http_port, grpc_port, metrics_port, install, log_file, timeo
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 COMMANDS = [triton_group, serve_cmd]
