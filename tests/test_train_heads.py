@@ -378,3 +378,16 @@ def test_teacher_mode_learns_only_the_assistant_turns_of_chat_data(tiny, tmp_pat
     assert target_choice_counts(cache, VOCAB).sum() == sum(mask) + 1  # + the choice after the last token
     with pytest.raises(Exception, match="other data"):  # the mask is part of what the cache was built from
         build_cache(tiny["target"], [ids], tmp_path / "c", mode="teacher", loss_masks=[[1] * len(ids)], progress=False)
+
+
+def test_warmup_is_a_tenth_of_a_short_run_and_an_explicit_one_is_obeyed():
+    """A fixed 20-step warm-up spent a third of the recipe's 60-step CPU budget below the peak rate:
+    by default the peak arrives after a tenth of the run (at most 20 steps); --warmup N is obeyed."""
+    from trtspec.train.trainer import TrainConfig, _lr, warmup_steps
+
+    short = TrainConfig(kind="mtp-single", lr=1e-3)
+    assert warmup_steps(short, 60) == 6 and warmup_steps(short, 1000) == 20 and warmup_steps(short, 3) == 1
+    assert _lr(short, 5, 60) == pytest.approx(1e-3) and _lr(short, 4, 60) < 1e-3
+    assert max(_lr(short, s, 60) for s in range(60)) == pytest.approx(1e-3)
+    fixed = TrainConfig(kind="mtp-single", lr=1e-3, warmup=20)
+    assert warmup_steps(fixed, 60) == 20 and _lr(fixed, 10, 60) < 0.6e-3

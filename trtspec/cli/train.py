@@ -115,6 +115,12 @@ def _kinds(pred) -> str:
 @click.option("--batch-tokens", default=2048, show_default=True, type=click.IntRange(1))
 @click.option("--lr", default=1e-3, show_default=True, type=float)
 @click.option(
+    "--warmup",
+    default=None,
+    type=click.IntRange(0),
+    help="Linear learning-rate warm-up steps (default: a tenth of the run, at most 20).",
+)
+@click.option(
     "--unroll",
     default=2,
     show_default=True,
@@ -183,6 +189,7 @@ def train_heads_cmd(
     steps,
     batch_tokens,
     lr,
+    warmup,
     unroll,
     soft_weight,
     train_on,
@@ -253,6 +260,7 @@ def train_heads_cmd(
         epochs=epochs,
         steps=steps,
         lr=lr,
+        warmup=warmup,
         soft_weight=soft_weight,
         train_on=train_on,
         label_vocab=label_vocab,
