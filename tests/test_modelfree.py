@@ -216,3 +216,35 @@ def test_source_choice_drops_the_model_below_break_even():
         m = s.use_model()
         s.record(m, [3] if m else [0], 0.010 if m else 0.006)
     assert s.use_model()  # a model that pays keeps drafting
+
+
+def test_the_inflight_batcher_measures_whether_the_model_drafter_still_pays(cycling):
+    """Served (in-flight, adaptive): useless heads with suffix beside them. Like the offline loop, each
+    batch-size bucket measures steps with the model drafter and steps with the model-free drafter alone
+    (SourceChoice), so the model can be switched off; tokens stay those of plain decoding."""
+    from trtspec.runtime.inflight import InflightBatcher
+
+    prompts = [[5, 6, 7, 8, 9] * 3, [40, 41, 42] * 2 + [7], [3, 4] * 5]
+    both = SpeculativeGenerator(load_spec_model(cycling["target"], cycling["heads"], also_draft="suffix"))
+    plain = both.generate(prompts, GenerationConfig(max_new_tokens=40, speculative=False)).tokens
+    batcher = InflightBatcher(both, max_slots=4, adaptive=True)
+    modes = []
+    propose = both.drafter.propose
+
+    def recording(tree, root, rows=None):
+        modes.append(both.drafter.use_model)
+        return propose(tree, root, rows=rows)
+
+    both.drafter.propose = recording
+    outs = batcher.admit(prompts, [GenerationConfig(max_new_tokens=40)] * len(prompts))
+    tokens = {o.slot: list(o.tokens) for o in outs}
+    while any(not batcher.slots[s].done for s in batcher.live):
+        for o in batcher.step():
+            tokens[o.slot].extend(o.tokens)
+    assert [tokens[o.slot] for o in outs] == plain
+    assert batcher.source_choice and all(s.samples[True] and s.samples[False] for s in batcher.source_choice.values())
+    assert True in modes and False in modes  # both modes drafted steps
+    alone = InflightBatcher(
+        SpeculativeGenerator(load_spec_model(cycling["target"], cycling["heads"])), 4, adaptive=True
+    )
+    assert alone.source_choice is None  # nothing to switch to without a model-free drafter

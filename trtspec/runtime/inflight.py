@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trtspec.drafters.combined import CombinedDrafter
 from trtspec.drafters.proposers import pad_rows
 from trtspec.models.kv_rows import KVRows, free_rows
 from trtspec.models.llama import causal_mask
-from trtspec.runtime.batch_policy import BatchAwareSpeculation
+from trtspec.runtime.adaptive import SourceChoice
+from trtspec.runtime.batch_policy import BatchAwareSpeculation, bucket
 from trtspec.runtime.generate import GenerationConfig, clip_tokens, eos_set, finished, pick_token, to_verify
 from trtspec.runtime.verify import VerifyResult, process_logits, verify_greedy, verify_sampling
 from trtspec.tree import TreeBuffers, build_tree
@@ -111,6 +113,12 @@ class InflightBatcher:
             self.drafter.reset(self.max_slots, capacity)
         self.aux_layers = self.drafter.aux_layers if self.drafter is not None else ()
         self.policy = BatchAwareSpeculation(tree, schedule, adaptive)
+        # heads with a model-free drafter beside them, adaptive: per batch-size bucket, measure whether the
+        # model drafter still pays for its forward or the model-free drafter alone is faster (as the
+        # offline loop does per request; here a step's batch shares one mode)
+        self.source_choice: dict[int, SourceChoice] | None = (
+            {} if adaptive and isinstance(self.drafter, CombinedDrafter) else None
+        )
         self.slots: list[Slot | None] = [None] * self.max_slots
         self.last_step: StepInfo | None = None
         self._cut_trees: dict = {}  # the trees to_verify cut, by (tree, nodes)
@@ -240,8 +248,12 @@ class InflightBatcher:
         speculating = self.drafter is not None and tree.num_nodes > 0
         view = KVRows(self.cache, live)
         roots = torch.tensor([self.slots[s].root for s in live], dtype=torch.long)
+        switch = None
         if speculating:
             self._observe_pending(live)
+            if self.source_choice is not None:
+                switch = self.source_choice.setdefault(bucket(len(live)), SourceChoice())
+                self.drafter.use_model = switch.use_model()
             drafts = self.drafter.propose(tree, roots, rows=live)
             tree, drafts = to_verify(self.drafter, tree, drafts, [False] * len(live), self._cut_trees)
         else:
@@ -280,5 +292,7 @@ class InflightBatcher:
             verified_depth=tree.max_depth,
             verified_nodes=tree.num_nodes,
         )
+        if switch is not None:
+            switch.record(self.drafter.use_model, list(res.accepted_len), wall)
         self.last_step = StepInfo(len(live), tree.num_nodes, tree.max_depth, wall)
         return out
