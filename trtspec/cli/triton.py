@@ -324,7 +324,7 @@ def serve_cmd(repo, http_port, grpc_port, metrics_port, install, log_file, timeo
             )
         return
 
-    def _stop(signum, frame):  # SIGTERM stops as cleanly as Ctrl-C
+    def _stop(signum, frame):  # SIGINT and SIGTERM both stop the server cleanly
         raise KeyboardInterrupt
 
     # Installed explicitly, SIGINT included: a shell starts a background job (`trtspec serve repo &` in a
