@@ -202,6 +202,19 @@ def test_server_stops_on_error_and_reports_load_failures(tmp_path):
     assert srv.proc is None and not srv.is_alive()
 
 
+def test_a_rejected_command_line_is_quoted_without_the_usage(tmp_path):
+    """The server refuses one port for HTTP and metrics: the error gives its reason, not its 400-line usage."""
+    from trtspec.triton.server import free_ports
+
+    (tmp_path / "repo").mkdir()
+    (port,) = free_ports(1)
+    srv = TritonServer(tmp_path / "repo", http_port=port, metrics_port=port, log_path=tmp_path / "log.txt")
+    with pytest.raises(UsageError, match="cannot listen") as err:
+        srv.start()
+    assert "Usage:" not in str(err.value) and len(str(err.value).splitlines()) < 6
+    assert srv.proc is None
+
+
 def test_client_cli(server, oracle):
     from click.testing import CliRunner
 
@@ -278,12 +291,12 @@ def test_serve_command_starts_prints_and_stops_on_ctrl_c(tmp_path):
     import sys
     import time
 
-    from trtspec.triton.server import free_port
+    from trtspec.triton.server import free_ports
 
     (tmp_path / "repo" / "echo" / "1").mkdir(parents=True)
     (tmp_path / "repo" / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
     (tmp_path / "repo" / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
-    hp, gp, mp = free_port(), free_port(), free_port()
+    hp, gp, mp = free_ports(3)
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -37,11 +37,25 @@ PYTRITON_REQUIREMENT = "nvidia-pytriton==0.7.0"
 LOOPBACK = "127.0.0.1"
 
 
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((LOOPBACK, 0))
-        return int(s.getsockname()[1])
+def free_ports(n: int, taken: tuple[int, ...] = ()) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now, none of them in ``taken``.
+
+    Every socket stays bound until all are picked: asking the OS for one port at a time can hand back the
+    same port twice (seen in CI: HTTP and metrics on one port, and the server refused to start)."""
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < n:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind((LOOPBACK, 0))
+            port = int(s.getsockname()[1])
+            if port not in taken and port not in ports:
+                ports.append(port)
+    finally:
+        for s in held:
+            s.close()
+    return ports
 
 
 @dataclass(frozen=True)
@@ -200,9 +214,11 @@ class TritonServer:
         if not repo.is_dir():
             raise UsageError("model repository not found", path=repo, fix="run `trtspec triton emit` first")
         dist = find_server(install=self.install)
-        self.http_port = self.http_port or free_port()
-        self.grpc_port = self.grpc_port or free_port()
-        self.metrics_port = self.metrics_port or free_port()
+        given = tuple(p for p in (self.http_port, self.grpc_port, self.metrics_port) if p)
+        picked = iter(free_ports(3, taken=given))
+        self.http_port = self.http_port or next(picked)
+        self.grpc_port = self.grpc_port or next(picked)
+        self.metrics_port = self.metrics_port or next(picked)
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="tritonserver-", suffix=".log")
             os.close(fd)
@@ -228,10 +244,17 @@ class TritonServer:
         return self
 
     def log_tail(self, n: int = 40) -> str:
+        """The end of the server's log, for errors. A server that rejects its command line prints its whole
+        usage (400 lines) and then the reason: only the reason is quoted."""
         try:
             lines = Path(self.log_path).read_text(errors="replace").splitlines() if self.log_path else []
         except OSError:
             return ""
+        while lines and not lines[-1].strip():
+            lines.pop()
+        if lines and lines[0].startswith("Usage: tritonserver"):
+            blanks = [i for i, line in enumerate(lines) if not line.strip()]
+            lines = lines[blanks[-1] + 1 :] if blanks else lines
         return "\n".join(lines[-n:])
 
     def wait_ready(self) -> None:
