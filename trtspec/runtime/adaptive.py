@@ -60,6 +60,11 @@ class AdaptiveSpeculation:
         #: only part of the tree still tells what a node costs, or no speculative option would ever get a time
         self.partial: list[tuple[float, int]] = []
 
+    def share_plain_times(self, other: AdaptiveSpeculation) -> None:
+        """Measure plain decoding once for both policies: a plain step costs the same whichever drafter
+        sits idle (each source's policy then starts exploring at once instead of re-measuring plain)."""
+        self.times[0] = other.times[0]
+
     # estimates ----------------------------------------------------------------------------------
     def acceptance(self) -> list[float]:
         """P(accept >= d) per depth: measured depths as measured; deeper ones extrapolated geometrically

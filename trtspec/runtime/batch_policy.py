@@ -90,8 +90,16 @@ class BatchAwareSpeculation:
     """Each step's tree from the batch size (the schedule) and, with ``adaptive``, from what each option
     measured at that batch size: ``choose(batch_size)`` before a step, ``record(accepted, wall_s)`` after."""
 
-    def __init__(self, full: TreeBuffers, schedule: dict[int, int] | None = None, adaptive: bool = False):
+    def __init__(
+        self,
+        full: TreeBuffers,
+        schedule: dict[int, int] | None = None,
+        adaptive: bool = False,
+        plain_with: BatchAwareSpeculation | None = None,
+    ):
+        """``plain_with``: another source's policy over the same batches; plain steps are timed once for both."""
         self.full = full
+        self.plain_with = plain_with
         self.schedule = dict(schedule or {})
         self.adaptive = adaptive
         self._trees = {d: cut_tree(full, d) for d in range(full.max_depth + 1)}
@@ -113,15 +121,7 @@ class BatchAwareSpeculation:
         self._last = None
         if depth == 0 or not self.adaptive:
             return self._trees[depth]
-        key = (bucket(batch_size), depth)
-        if key not in self._policies:
-            policy = AdaptiveSpeculation(self._trees[depth])
-            policy.accept, policy.seen = self._accept, self._seen  # shared (updated in place by record)
-            if self._seen[0]:  # acceptance is known: no exploration, and probe as rarely as the others do
-                policy._explored = policy.explore_steps
-                policy._interval = max((p._interval for p in self._policies.values()), default=policy.probe_every)
-            self._policies[key] = policy
-        self._last = policy = self._policies[key]
+        self._last = policy = self._policy((bucket(batch_size), depth))
         if acceptance is None or not any(a is not None for a in acceptance):
             return policy.choose()
         policy.accept = [g if a is None else a for a, g in zip(acceptance, self._accept)]
@@ -130,6 +130,19 @@ class BatchAwareSpeculation:
             return policy.choose()
         finally:  # record() blends the step's outcome into the shared estimates again
             policy.accept, policy.seen = self._accept, self._seen
+
+    def _policy(self, key: tuple[int, int]) -> AdaptiveSpeculation:
+        """The policy of one (batch-size bucket, depth), made on first use."""
+        if key not in self._policies:
+            policy = AdaptiveSpeculation(self._trees[key[1]])
+            policy.accept, policy.seen = self._accept, self._seen  # shared (updated in place by record)
+            if self._seen[0]:  # acceptance is known: no exploration, and probe as rarely as the others do
+                policy._explored = policy.explore_steps
+                policy._interval = max((p._interval for p in self._policies.values()), default=policy.probe_every)
+            if self.plain_with is not None:
+                policy.share_plain_times(self.plain_with._policy(key))
+            self._policies[key] = policy
+        return self._policies[key]
 
     def record(
         self,

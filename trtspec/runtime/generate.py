@@ -377,22 +377,28 @@ def decode(
         raise ValueError("max_new_tokens must be >= 1")
     if drafter is None or tree.num_nodes == 0:
         drafter, tree = None, build_tree(())
-    policy = AdaptiveSpeculation(tree) if cfg.adaptive and drafter is not None else None
-    # a model drafter with a model-free one beside it: adaptive runs measure whether the model still pays
-    switch = SourceChoice() if policy is not None and isinstance(drafter, CombinedDrafter) else None
+    adaptive = cfg.adaptive and drafter is not None
+    # a model drafter with a model-free one beside it: adaptive runs measure whether the model still pays.
+    # Each source has its own tree policy (its own acceptance, its own plain-or-speculate decision), so
+    # heads that do not pay stop only themselves: the model-free drafter still gets measured
+    switch = SourceChoice() if adaptive and isinstance(drafter, CombinedDrafter) else None
+    policies = {mode: AdaptiveSpeculation(tree) for mode in ((True, False) if switch else (True,))} if adaptive else {}
+    if switch is not None:
+        policies[False].share_plain_times(policies[True])
     batch, first = prefill(target, drafter, prompts, cfg, tree)
     yield first
     aux_layers = drafter.aux_layers if drafter is not None else ()
     trimmed_trees: dict = {}
     while not all(batch.done):
+        if switch is not None:
+            drafter.use_model = switch.use_model()
+        policy = policies.get(drafter.use_model if switch is not None else True)
         step_tree = policy.choose() if policy is not None else tree
         t0 = time.perf_counter()
         speculating = drafter is not None and step_tree.num_nodes > 0
         chosen_tree = step_tree
         if speculating:
             observe_pending(drafter, batch)
-            if switch is not None:
-                drafter.use_model = switch.use_model()
         drafts = propose(drafter if speculating else None, step_tree, batch)
         if speculating:
             step_tree, drafts = to_verify(drafter, step_tree, drafts, batch.done, trimmed_trees)
@@ -408,7 +414,7 @@ def decode(
                 verified_depth=step_tree.max_depth,
                 verified_nodes=step_tree.num_nodes,
             )
-        if switch is not None and speculating:
+        if switch is not None:  # plain steps too: a source's rate includes its policy's choice to not speculate
             switch.record(drafter.use_model, live, wall)
         yield StepOutput(
             fresh,

@@ -49,15 +49,21 @@ class Slot:
     pending: list[tuple] = field(default_factory=list)
     #: this request's own P(accept >= d) per depth (moving averages; None until a tree reached depth d)
     accept: list[float | None] = field(default_factory=list)
+    #: the same while the model-free drafter drafts alone (a source's acceptance is its own)
+    accept_model_free: list[float | None] = field(default_factory=list)
 
-    def record_acceptance(self, accepted: int, depth: int, alpha: float = 0.3) -> None:
+    def acceptance(self, use_model: bool = True) -> list[float | None]:
+        return self.accept if use_model else self.accept_model_free
+
+    def record_acceptance(self, accepted: int, depth: int, alpha: float = 0.3, use_model: bool = True) -> None:
         """Blend one step's outcome (``accepted`` drafts of a tree of ``depth``) into the estimates."""
-        if len(self.accept) < depth:
-            self.accept.extend([None] * (depth - len(self.accept)))
+        est = self.acceptance(use_model)
+        if len(est) < depth:
+            est.extend([None] * (depth - len(est)))
         for d in range(1, depth + 1):
             hit = float(accepted >= d)
-            old = self.accept[d - 1]
-            self.accept[d - 1] = hit if old is None else (1 - alpha) * old + alpha * hit
+            old = est[d - 1]
+            est[d - 1] = hit if old is None else (1 - alpha) * old + alpha * hit
 
     @property
     def done(self) -> bool:
@@ -112,13 +118,18 @@ class InflightBatcher:
         if self.drafter is not None:
             self.drafter.reset(self.max_slots, capacity)
         self.aux_layers = self.drafter.aux_layers if self.drafter is not None else ()
-        self.policy = BatchAwareSpeculation(tree, schedule, adaptive)
         # heads with a model-free drafter beside them, adaptive: per batch-size bucket, measure whether the
         # model drafter still pays for its forward or the model-free drafter alone is faster (as the
         # offline loop does per request; here a step's batch shares one mode)
         self.source_choice: dict[int, SourceChoice] | None = (
             {} if adaptive and isinstance(self.drafter, CombinedDrafter) else None
         )
+        # one tree policy per source (key: drafting with the model): heads that do not pay turn only
+        # themselves off, and the model-free drafter is still measured
+        self.policy = BatchAwareSpeculation(tree, schedule, adaptive)
+        self.policies = {True: self.policy}
+        if self.source_choice is not None:
+            self.policies[False] = BatchAwareSpeculation(tree, schedule, adaptive, plain_with=self.policy)
         self.slots: list[Slot | None] = [None] * self.max_slots
         self.last_step: StepInfo | None = None
         self._cut_trees: dict = {}  # the trees to_verify cut, by (tree, nodes)
@@ -208,13 +219,13 @@ class InflightBatcher:
             parts = [[p[i] for _, p in group] for i in range(4)]
             self.drafter.observe(parts[0], None if parts[1][0] is None else parts[1], parts[2], parts[3], rows=rows)
 
-    def _live_acceptance(self, live: list[int]) -> list[float | None] | None:
+    def _live_acceptance(self, live: list[int], use_model: bool = True) -> list[float | None] | None:
         """P(accept >= d) per depth averaged over the live requests that measured depth d (None: nobody)."""
         if self.drafter is None:
             return None
         out: list[float | None] = []
         for d in range(self.tree.max_depth):
-            vals = [a[d] for s in live if len(a := self.slots[s].accept) > d and a[d] is not None]
+            vals = [a[d] for s in live if len(a := self.slots[s].acceptance(use_model)) > d and a[d] is not None]
             out.append(sum(vals) / len(vals) if vals else None)
         return out
 
@@ -244,16 +255,17 @@ class InflightBatcher:
         if not live:
             return []
         t0 = time.perf_counter()
-        chosen = tree = self.policy.choose(len(live), self._live_acceptance(live))
+        switch, use_model = None, True
+        if self.source_choice is not None:
+            switch = self.source_choice.setdefault(bucket(len(live)), SourceChoice())
+            use_model = self.drafter.use_model = switch.use_model()
+        policy = self.policies[use_model]
+        chosen = tree = policy.choose(len(live), self._live_acceptance(live, use_model))
         speculating = self.drafter is not None and tree.num_nodes > 0
         view = KVRows(self.cache, live)
         roots = torch.tensor([self.slots[s].root for s in live], dtype=torch.long)
-        switch = None
         if speculating:
             self._observe_pending(live)
-            if self.source_choice is not None:
-                switch = self.source_choice.setdefault(bucket(len(live)), SourceChoice())
-                self.drafter.use_model = switch.use_model()
             drafts = self.drafter.propose(tree, roots, rows=live)
             tree, drafts = to_verify(self.drafter, tree, drafts, [False] * len(live), self._cut_trees)
         else:
@@ -273,7 +285,7 @@ class InflightBatcher:
             slot.steps += 1
             slot.root = res.bonus[i]
             if tree.num_nodes:
-                slot.record_acceptance(res.accepted_len[i], tree.max_depth)
+                slot.record_acceptance(res.accepted_len[i], tree.max_depth, use_model=use_model)
             if self.drafter is not None:
                 slot.pending.append(
                     (
@@ -285,14 +297,14 @@ class InflightBatcher:
                 )
             out.append(SlotOutput(s, new, res.accepted_len[i], tree.num_nodes, slot.done))
         wall = time.perf_counter() - t0
-        self.policy.record(
+        policy.record(
             list(res.accepted_len),
             wall,
             trimmed=tree is not chosen,
             verified_depth=tree.max_depth,
             verified_nodes=tree.num_nodes,
         )
-        if switch is not None:
-            switch.record(self.drafter.use_model, list(res.accepted_len), wall)
+        if switch is not None:  # plain steps too: a source's rate includes its policy's choice to not speculate
+            switch.record(use_model, list(res.accepted_len), wall)
         self.last_step = StepInfo(len(live), tree.num_nodes, tree.max_depth, wall)
         return out
