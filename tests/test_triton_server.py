@@ -202,6 +202,36 @@ def test_server_stops_on_error_and_reports_load_failures(tmp_path):
     assert srv.proc is None and not srv.is_alive()
 
 
+def test_bench_acceptance_length_is_the_offline_runtimes(model, tmp_path):
+    """`client bench` pools acceptance over requests (all accepted tokens over all steps), as the offline
+    runtime and vLLM report it: at concurrency 1 it equals the offline runtime's on the same prompts, exactly
+    where the model reports its steps (tensorrt_llm_bls), nearly where steps are inferred from token counts
+    (the stock ensemble's outputs). A suffix drafter, whose steps draft less than the most, and prompts
+    that differ in acceptance."""
+    from trtspec.client.bench import run_bench
+    from trtspec.runtime.generate import GenerationConfig, SpecMetrics
+
+    suffix = Oracle(model["target"], "suffix")
+    prompts = ["one two three one two three one two", "the cat the cat the", "a b c d e f g", PROMPTS[0]]
+    n = 24
+    offline = SpecMetrics()
+    for p in prompts:
+        cfg = GenerationConfig(max_new_tokens=n, eos_token_id=suffix.tok.eos_token_id)
+        offline = offline.merge(suffix.gen.generate([suffix.tok.encode(p)], cfg).metrics)
+    repo = emit_repository(suffix.spec, "reference", tmp_path / "repo", options={"device": "cpu", "torch_threads": 1})
+    params = GenerateParams(max_tokens=n)
+    with TritonServer(repo, log_path=tmp_path / "log.txt", startup_timeout_s=120) as srv:
+        bls, ens = (
+            run_bench(srv.http_url, model=m, prompts=prompts, num_requests=4, params=params) for m in MODELS[::-1]
+        )
+    per_request = {r.mean_acceptance_length() for r in bls.results}
+    assert len(per_request) > 1  # requests differ, so pooling is not the mean of their ratios
+    exact, inferred = bls.summary(), ens.summary()
+    assert exact["acceptance_length_exact"] and not inferred["acceptance_length_exact"]
+    assert exact["mean_acceptance_length"] == pytest.approx(offline.mean_acceptance_length)
+    assert inferred["mean_acceptance_length"] == pytest.approx(offline.mean_acceptance_length, rel=0.1)
+
+
 def test_a_rejected_command_line_is_quoted_without_the_usage(tmp_path):
     """The server refuses one port for HTTP and metrics: the error gives its reason, not its 400-line usage."""
     from trtspec.triton.server import free_ports
@@ -592,7 +622,7 @@ def test_per_request_acceptance_comes_with_the_response(server, oracle, protocol
     hist, steps = m["trtspec_acceptance_histogram"], m["trtspec_target_steps"]
     assert sum(hist) == steps > 0
     assert sum(a * n for a, n in enumerate(hist)) == m["total_accepted_draft_tokens"]
-    assert res.mean_acceptance_length(None) == pytest.approx(1 + m["total_accepted_draft_tokens"] / steps)
+    assert res.mean_acceptance_length() == pytest.approx(1 + m["total_accepted_draft_tokens"] / steps)
     pos = per_position_acceptance(hist)
     assert all(1 >= a >= b >= 0 for a, b in zip(pos, pos[1:]))
     if protocol == "grpc":

@@ -49,7 +49,7 @@ def _print_metrics(result, client) -> None:
     m = result.metrics
     if not m:
         return
-    mal = result.mean_acceptance_length(client.max_draft_len())
+    mal = result.mean_acceptance_length()
     parts = [f"{result.num_output_tokens} tokens in {result.latency_s:.2f} s", f"TTFT {1e3 * result.ttft_s:.0f} ms"]
     if "acceptance_rate" in m:
         parts.append(

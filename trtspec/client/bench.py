@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from trtspec.client.common import GenerateParams, GenerateResult
+from trtspec.client.common import GenerateParams, GenerateResult, pooled_acceptance_length
 
 DEFAULT_PROMPTS = (
     "Write a short story about a robot who learns to paint.",
@@ -58,8 +58,9 @@ class BenchResult:
     def summary(self) -> dict:
         ttft = [r.ttft_s for r in self.results]
         itl = [r.itl_s for r in self.results if r.itl_s is not None]
-        mal = [m for r in self.results if (m := r.mean_acceptance_length(self.max_draft_len)) is not None]
-        acc = [r.metrics["acceptance_rate"] for r in self.results if "acceptance_rate" in r.metrics]
+        mal = pooled_acceptance_length(self.results)
+        drafted = sum(r.metrics.get("total_draft_tokens", 0) for r in self.results)
+        accepted = sum(r.metrics.get("total_accepted_draft_tokens", 0) for r in self.results)
         return {
             "label": self.label,
             "concurrency": self.concurrency,
@@ -76,8 +77,10 @@ class BenchResult:
             "e2e_mean_ms": 1e3 * statistics.fmean([r.latency_s for r in self.results])
             if self.results
             else float("nan"),
-            "mean_acceptance_length": statistics.fmean(mal) if mal else float("nan"),
-            "acceptance_rate": statistics.fmean(acc) if acc else float("nan"),
+            "mean_acceptance_length": mal[0] if mal is not None else float("nan"),
+            # false: the model's outputs carry no step count (the stock ensemble), so steps were inferred
+            "acceptance_length_exact": mal[1] if mal is not None else False,
+            "acceptance_rate": accepted / drafted if drafted else float("nan"),
         }
 
 
@@ -88,6 +91,7 @@ def format_summary(s: dict) -> str:
         f"{s['output_tokens_per_s']:.1f} tok/s  TTFT p50 {s['ttft_p50_ms']:.0f} ms p99 {s['ttft_p99_ms']:.0f} ms  "
         f"ITL p50 {s['itl_p50_ms']:.1f} ms p99 {s['itl_p99_ms']:.1f} ms  "
         f"mean acceptance length {s['mean_acceptance_length']:.2f}"
+        + ("" if s.get("acceptance_length_exact", True) else " (steps inferred from token counts)")
     )
 
 

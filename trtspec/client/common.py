@@ -98,19 +98,37 @@ class GenerateResult:
             return None
         return (self.latency_s - self.ttft_s) / (n - 1)
 
-    def mean_acceptance_length(self, max_draft_len: int | None) -> float | None:
-        """Tokens per target step (bonus included) = 1 + accepted / steps. Steps: what the server reports
-        (trtspec_target_steps), else drafts / max_draft_len (exact only when every step drafted fully)."""
-        drafts = self.metrics.get("total_draft_tokens")
-        if drafts is None:
+    def acceptance_counts(self) -> tuple[float, float, bool] | None:
+        """(accepted draft tokens, target steps, exact) of this request; None when the server sent no draft
+        counts. Steps: what the server reports (trtspec_target_steps: exact), else the output tokens after
+        the prefill's one, less the accepted drafts (each step commits its accepted drafts and one token of
+        its own; only a last step clipped at max_tokens makes this inexact). The stock TensorRT-LLM outputs
+        carry no step count, and drafts / max_draft_len is wrong wherever a step drafts less than the most
+        (model-free drafters, adaptive and batch-size schedules)."""
+        if self.metrics.get("total_draft_tokens") is None:
             return None
+        accepted = float(self.metrics.get("total_accepted_draft_tokens", 0))
         steps = self.metrics.get("trtspec_target_steps")
         if steps:
-            return 1.0 + self.metrics.get("total_accepted_draft_tokens", 0) / steps
-        if not drafts or not max_draft_len:
-            return 1.0
-        steps = drafts / max_draft_len
-        return 1.0 + self.metrics.get("total_accepted_draft_tokens", 0) / steps
+            return accepted, float(steps), True
+        rest = self.num_output_tokens - 1 - accepted
+        return (accepted, rest, False) if rest > 0 else None
+
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens per target step (bonus included) = 1 + accepted / steps."""
+        counts = self.acceptance_counts()
+        return None if counts is None else 1.0 + counts[0] / counts[1]
+
+
+def pooled_acceptance_length(results: list[GenerateResult]) -> tuple[float, bool] | None:
+    """Mean acceptance length over many requests as vLLM and the offline runtime report it, all accepted
+    tokens over all steps (a mean of per-request ratios lets a few short, very predictable requests
+    dominate), and whether every request reported its steps."""
+    counts = [c for r in results if (c := r.acceptance_counts()) is not None]
+    steps = sum(c[1] for c in counts)
+    if not counts or not steps:
+        return None
+    return 1.0 + sum(c[0] for c in counts) / steps, all(c[2] for c in counts)
 
 
 def per_position_acceptance(histogram: list[int]) -> list[float]:
