@@ -313,6 +313,32 @@ class TritonPythonModel:
 """
 
 
+def test_a_server_whose_python_stub_dies_is_stopped(tmp_path):
+    """Triton neither reaps nor restarts a python stub that died (a segfault seen in a BLS stub under
+    concurrent streams): its model fails from then on and decoupled BLS calls hang. The watchdog stops
+    such a server and says which model's stub died."""
+    import time
+
+    from trtspec.triton.server import python_stubs
+
+    (tmp_path / "repo" / "echo" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "echo" / "config.pbtxt").write_text(ECHO_CONFIG)
+    (tmp_path / "repo" / "echo" / "1" / "model.py").write_text(ECHO_MODEL)
+    with TritonServer(tmp_path / "repo", log_path=tmp_path / "log.txt", watch_every_s=0.2) as srv:
+        stubs = python_stubs(srv.proc.pid)
+        assert list(stubs.values()) == ["echo"]
+        os.kill(next(iter(stubs)), signal.SIGSEGV)
+        deadline = time.monotonic() + 20
+        while srv.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not srv.is_alive()
+        assert "'echo'" in (srv.failure or "")
+    with TritonServer(tmp_path / "repo", log_path=tmp_path / "log2.txt", watch_every_s=0.2) as srv:
+        time.sleep(1.0)  # a healthy server is left alone, and a normal stop is not a failure
+        assert srv.is_alive() and srv.failure is None
+    assert srv.failure is None
+
+
 def test_serve_command_starts_prints_and_stops_on_ctrl_c(tmp_path):
     """`trtspec serve` in a subprocess, on free ports: ready line with the endpoints, SIGINT stops it, also
     when it was started with SIGINT ignored, as a shell starts a background job (`trtspec serve repo &`).

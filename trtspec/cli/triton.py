@@ -349,7 +349,8 @@ def serve_cmd(repo, http_port, grpc_port, metrics_port, install, log_file, timeo
             click.echo("  Ctrl-C stops the server", err=True)
             while server.is_alive():
                 time.sleep(0.5)
-            raise UsageError(f"tritonserver exited unexpectedly; log {server.log_path}:\n{server.log_tail()}")
+            why = server.failure or "tritonserver exited unexpectedly"
+            raise UsageError(f"{why}; log {server.log_path}:\n{server.log_tail()}")
     except KeyboardInterrupt:
         click.echo("stopped", err=True)
     finally:

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -159,6 +160,31 @@ def _http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def python_stubs(server_pid: int) -> dict[int, str]:
+    """The python-backend stub processes a server runs: pid -> the model each one serves (from its command
+    line, ``triton_python_backend_stub REPO/MODEL/VERSION/model.py ...``)."""
+    stubs: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            args = (entry / "cmdline").read_bytes().split(b"\0") if ppid == server_pid else []
+        except (OSError, ValueError, IndexError):
+            continue
+        if len(args) > 1 and args[0].endswith(b"triton_python_backend_stub"):
+            stubs[int(entry.name)] = Path(args[1].decode(errors="replace")).parent.parent.name
+    return stubs
+
+
+def _dead(pid: int) -> bool:
+    """Exited (a zombie its parent has not reaped) or gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
 @dataclass
 class TritonServer:
     """A tritonserver process serving ``repo`` on 127.0.0.1; use as ``with TritonServer(repo) as s: ...``.
@@ -178,7 +204,11 @@ class TritonServer:
     log_verbose: int = 0
     #: how long Triton may wait at shutdown for open requests/streams before it unloads anyway
     exit_timeout_s: int = 5
+    #: how often the watchdog looks at the python stubs (0: no watchdog)
+    watch_every_s: float = 1.0
     proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    #: why the watchdog stopped the server (None while it runs or after a normal stop)
+    failure: str | None = field(default=None, init=False)
 
     @property
     def http_url(self) -> str:
@@ -241,7 +271,32 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        if self.watch_every_s > 0:
+            threading.Thread(target=self._watch, args=(self.proc,), daemon=True, name="tritonserver-watchdog").start()
         return self
+
+    def _watch(self, proc: subprocess.Popen) -> None:
+        """Stop the server when one of its python stubs dies. Triton 2.51 neither reaps nor restarts a dead
+        stub: requests to its model fail from then on, and a decoupled BLS call waiting on it hangs forever
+        (seen: a BLS stub's segfault left every later stream waiting). A server that is gone is one a
+        supervisor restarts and clients see at once; one that hangs is neither."""
+        stubs = python_stubs(proc.pid)
+        while self.proc is proc and proc.poll() is None:
+            time.sleep(self.watch_every_s)
+            if not stubs:  # the first look may come before the stubs forked
+                stubs = python_stubs(proc.pid)
+            dead = [(pid, model) for pid, model in stubs.items() if _dead(pid)]
+            if dead and self.proc is proc and proc.poll() is None:
+                pid, model = dead[0]
+                self.failure = (
+                    f"the python backend stub of model {model!r} (pid {pid}) died; Triton does not restart it, "
+                    "so the server was stopped"
+                )
+                try:
+                    os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                return
 
     def log_tail(self, n: int = 40) -> str:
         """The end of the server's log, for errors. A server that rejects its command line prints its whole
