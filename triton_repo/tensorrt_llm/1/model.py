@@ -73,7 +73,8 @@ class _Metrics:
                     self._metric(name, (("model", model_name), ("reason", reason)))
             else:
                 self._metric(name, (("model", model_name),))
-        threading.Thread(target=self._apply_forever, name="trtspec-metrics", daemon=True).start()
+        self.thread = threading.Thread(target=self._apply_forever, name="trtspec-metrics", daemon=True)
+        self.thread.start()
 
     def _metric(self, name, labels):
         key = (name, labels)
@@ -106,7 +107,13 @@ class _Metrics:
                     print(f"tensorrt_llm (reference): metric {u.family} not updated: {exc}")
 
     def close(self):
+        """Stop applying updates, then drop the metric objects while the stub's shared memory is still
+        there: left to interpreter shutdown, a MetricFamily's destructor writes to freed shared memory
+        (a segfault and a core file at every server stop)."""
         self.queue.put(None)
+        self.thread.join(timeout=5)
+        self.metrics.clear()
+        self.families.clear()
 
 
 class TritonPythonModel:

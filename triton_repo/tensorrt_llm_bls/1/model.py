@@ -169,6 +169,17 @@ class TritonPythonModel:
                 raise RuntimeError(resp.error().message())
             yield resp
 
+    def _call_single(self, model, inputs, outputs):
+        """One request to a model that is not decoupled (preprocessing, postprocessing), as upstream's BLS
+        calls them. Not through the decoupled path: Triton 2.51's stub builds a decoupled BLS response's
+        tensors on its own thread without the GIL (Stub::ProcessBLSResponseDecoupled), which corrupts the
+        Python heap while request threads run here (seen: a segfault in pymalloc under 32 streams); a
+        response to a plain exec is built on the calling thread."""
+        resp = pb_utils.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs).exec()
+        if resp.has_error():
+            raise RuntimeError(resp.error().message())
+        return resp
+
     def _call_one(self, model, inputs, outputs):
         """The one response of a non-streaming request (a decoupled model ends with an empty final one)."""
         found = None
@@ -180,7 +191,7 @@ class TritonPythonModel:
         return found
 
     def _detok(self, tokens):
-        resp = self._call_one(
+        resp = self._call_single(
             "postprocessing",
             [
                 pb_utils.Tensor("TOKENS_BATCH", np.array(tokens, np.int32).reshape(1, 1, -1)),
@@ -198,7 +209,7 @@ class TritonPythonModel:
             t = pb_utils.get_input_tensor_by_name(request, outer)
             if t is not None:
                 pre_in.append(pb_utils.Tensor(inner, t.as_numpy()))
-        pre = self._call_one("preprocessing", pre_in, list(PRE_TO_LLM))
+        pre = self._call_single("preprocessing", pre_in, list(PRE_TO_LLM))
         pre_out = {inner: pb_utils.get_output_tensor_by_name(pre, inner).as_numpy() for inner in PRE_TO_LLM}
         llm_in = [pb_utils.Tensor(llm, pre_out[inner]) for inner, llm in PRE_TO_LLM.items()]
         stream = bool(_scalar(request, "stream", False))
