@@ -57,6 +57,10 @@ class Drafter(Protocol):
 
     def pack(self, target_projection: nn.Module) -> None: ...
 
+    def tune_small_rows(self, target_projection: nn.Module, dtype: torch.dtype, device: str) -> None:
+        """Unpacked CPU inference: run the drafter's matmuls as measured fastest here (models.small_rows)."""
+        ...
+
     def drafted(self) -> torch.Tensor | None:
         """[B, tree.size] bool: the nodes of the last proposal the drafter stands behind (None = every
         node). A model-free drafter has nothing to say where its text does not match; the loop then

@@ -172,3 +172,7 @@ class CombinedDrafter:
     def pack(self, target_projection) -> None:
         self.model.pack(target_projection)
         self.free.pack(target_projection)
+
+    def tune_small_rows(self, target_projection, dtype, device) -> None:
+        self.model.tune_small_rows(target_projection, dtype, device)
+        self.free.tune_small_rows(target_projection, dtype, device)

@@ -170,6 +170,9 @@ class MatchDrafter:
     def pack(self, target_projection) -> None:
         """Nothing to pack: no weights."""
 
+    def tune_small_rows(self, target_projection, dtype, device) -> None:
+        """No matmuls."""
+
 
 # -- selecting a model-free kind: an address, or a settings directory ------------------------------------
 

@@ -87,6 +87,16 @@ class ModelDrafter:
         if self.lm_head is not None:
             self.projection = target_projection if self.draft_vocab is None else pack_projection(self.lm_head)
 
+    def tune_small_rows(self, target_projection: nn.Module, dtype: torch.dtype, device: str) -> None:
+        """The same for unpacked CPU inference (models.small_rows): the module's linears and the vocabulary
+        projection run as measured fastest on this CPU for a step's few rows."""
+        from trtspec.models.small_rows import small_rows_projection, tune_small_rows
+
+        tune_small_rows(self.module, dtype, device)
+        if self.lm_head is not None:
+            draft_rows = small_rows_projection(self.lm_head, device)
+            self.projection = target_projection if self.draft_vocab is None else draft_rows
+
 
 class HeadsDrafter(ModelDrafter):
     def __init__(self, heads: LinearHeads, lm_head: torch.Tensor, draft_vocab: torch.Tensor | None = None):

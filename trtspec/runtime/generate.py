@@ -29,6 +29,7 @@ from trtspec.drafters.combined import CombinedDrafter
 from trtspec.drafters.proposers import pad_rows
 from trtspec.models.llama import KVCache, LlamaModel, build_llama, causal_mask
 from trtspec.models.packed import pack_if_bf16
+from trtspec.models.small_rows import tune_small_rows
 from trtspec.runtime.adaptive import AdaptiveSpeculation, SourceChoice
 from trtspec.runtime.ops import verify_greedy_op
 from trtspec.runtime.verify import VerifyResult, process_logits, verify_greedy, verify_sampling
@@ -444,6 +445,10 @@ class SpeculativeGenerator:
         self.packed = pack_if_bf16(self.target, self.dtype, device)
         if self.packed and self.drafter is not None:
             self.drafter.pack(self.target.lm_head)
+        #: unpacked (float32) on a CPU: the target's matmuls for a step's few rows, as measured fastest here
+        self.small_rows = {} if self.packed else tune_small_rows(self.target, self.dtype, device)
+        if self.small_rows and self.drafter is not None:
+            self.drafter.tune_small_rows(self.target.lm_head, self.dtype, device)
         #: the spec's tree; a call may pass another one (trees are values, never swapped on the generator)
         self.tree: TreeBuffers = build_tree(spec.tree.choices)
 
