@@ -94,8 +94,8 @@ class ModelDrafter:
 
         tune_small_rows(self.module, dtype, device)
         if self.lm_head is not None:
-            draft_rows = small_rows_projection(self.lm_head, device)
-            self.projection = target_projection if self.draft_vocab is None else draft_rows
+            full = self.draft_vocab is None
+            self.projection = target_projection if full else small_rows_projection(self.lm_head, device)
 
 
 class HeadsDrafter(ModelDrafter):

@@ -4,7 +4,8 @@ Why: a decode step multiplies 1 row (plain decoding) or a handful (a draft tree)
 CPUs the BLAS call ``F.linear`` makes for that is often far from the memory bandwidth. Measured on a
 2-core AMD EPYC in float32, SmolLM2-135M's lm_head (576 x 49152): ``F.linear`` takes 9.7 ms for 1 row,
 22.6 ms for 2 and 33.5 ms for 3 (each row re-reads the weight), while ``W @ x^T`` takes 3.2 ms for 2 rows;
-plain decoding went from 16 to 29 tokens/s, and verifying a chain of 2 now costs about what 1 token did.
+plain decoding went from 16-17 to 24-26 tokens/s, and a step verifying a chain of 1 costs 1.1-1.3x a plain
+step instead of 1.6x.
 Other CPUs and BLAS builds differ (bfloat16 on the same CPU has no such gap), so nothing is assumed:
 ``tune_small_rows`` times the candidate ways for each weight shape and row count on the machine it runs on
 and keeps the fastest (``F.linear`` when nothing beats it by a margin).

@@ -160,6 +160,11 @@ def _http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat after the command name (state, ppid, ...); the name may itself hold spaces and ')'."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def python_stubs(server_pid: int) -> dict[int, str]:
     """The python-backend stub processes a server runs: pid -> the model each one serves (from its command
     line, ``triton_python_backend_stub REPO/MODEL/VERSION/model.py ...``)."""
@@ -168,7 +173,7 @@ def python_stubs(server_pid: int) -> dict[int, str]:
         if not entry.name.isdigit():
             continue
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            ppid = int(_stat_fields(entry.name)[1])
             args = (entry / "cmdline").read_bytes().split(b"\0") if ppid == server_pid else []
         except (OSError, ValueError, IndexError):
             continue
@@ -180,7 +185,7 @@ def python_stubs(server_pid: int) -> dict[int, str]:
 def _dead(pid: int) -> bool:
     """Exited (a zombie its parent has not reaped) or gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        return _stat_fields(pid)[0] in ("Z", "X")
     except (OSError, IndexError):
         return True
 
