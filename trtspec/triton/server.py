@@ -277,19 +277,21 @@ class TritonServer:
             self.stop()
             raise
         if self.watch_every_s > 0:
-            threading.Thread(target=self._watch, args=(self.proc,), daemon=True, name="tritonserver-watchdog").start()
+            # the stubs are looked up here, once every model is ready: a stub that dies before the thread's
+            # first look is a zombie without a command line, which no later look could tell apart
+            stubs = python_stubs(self.proc.pid)
+            threading.Thread(
+                target=self._watch, args=(self.proc, stubs), daemon=True, name="tritonserver-watchdog"
+            ).start()
         return self
 
-    def _watch(self, proc: subprocess.Popen) -> None:
+    def _watch(self, proc: subprocess.Popen, stubs: dict[int, str]) -> None:
         """Stop the server when one of its python stubs dies. Triton 2.51 neither reaps nor restarts a dead
         stub: requests to its model fail from then on, and a decoupled BLS call waiting on it hangs forever
         (seen: a BLS stub's segfault left every later stream waiting). A server that is gone is one a
         supervisor restarts and clients see at once; one that hangs is neither."""
-        stubs = python_stubs(proc.pid)
         while self.proc is proc and proc.poll() is None:
             time.sleep(self.watch_every_s)
-            if not stubs:  # the first look may come before the stubs forked
-                stubs = python_stubs(proc.pid)
             dead = [(pid, model) for pid, model in stubs.items() if _dead(pid)]
             if dead and self.proc is proc and proc.poll() is None:
                 pid, model = dead[0]
