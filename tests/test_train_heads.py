@@ -22,7 +22,7 @@ from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 from trtspec.train import cache as cache_mod
 from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.heads import save_heads
-from trtspec.train.trainer import TrainConfig, train
+from trtspec.train.trainer import TrainConfig, draft_label_vocab, train
 
 VOCAB = 128
 
@@ -262,6 +262,18 @@ def test_cli_train_heads_writes_loadable_heads(tiny, tmp_path):
     spec = load_spec_model(tiny["dir"], out)
     assert spec.drafter.kind == "mtp-linear" and "heads.0.norm.weight" not in spec.drafter.tensors
     assert "covering" in r.output and 0 < spec.drafter.draft_vocab.numel() <= 20
+    # --draft-vocab without --label-vocab: the loss's softmax is over exactly the tokens the runtime drafts over
+    assert "label vocab: the 20 draft-vocabulary tokens" in r.output
+    trained_over = draft_label_vocab(HiddenCache(tmp_path / "heads.cache"), tiny["target"], 20)
+    assert sorted(spec.drafter.draft_vocab.tolist()) == trained_over.tolist()
+
+
+def test_cli_label_vocab_draft_without_a_draft_vocab_is_refused(tiny, tmp_path):
+    args = ["train-heads", "-t", str(tiny["dir"]), "-k", "mtp-single", "-d", "chat:4", "-o", str(tmp_path / "h")]
+    r = CliRunner().invoke(main, args + ["--label-vocab", "draft", "--steps", "1"])
+    assert r.exit_code == 2, r.output
+    assert "error: --label-vocab draft needs --draft-vocab N" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "h").exists() and not (tmp_path / "h.cache").exists()
 
 
 @pytest.mark.parametrize(
@@ -354,6 +366,23 @@ def test_label_vocab_subset_and_generated_only_training(tiny):
     )
     assert np.mean(res.losses[-3:]) < np.mean(res.losses[:3]) - 0.2
     assert len(_Positions(tiny["cache"], True)) < len(_Positions(tiny["cache"], False))
+
+
+def test_draft_label_vocab_trains_over_the_most_frequent_choices_only(tiny):
+    """--label-vocab draft: the softmax covers the N tokens the target chose most often; labels outside
+    them are ignored (they could never be drafted) and the heads still learn what is inside."""
+    from trtspec.train.draft_vocab import target_choice_counts
+
+    cache, target = tiny["cache"], tiny["target"]
+    vocab = draft_label_vocab(cache, target, 16)
+    counts = target_choice_counts(cache, VOCAB)
+    assert len(vocab) == 16 and np.all(np.diff(vocab) > 0)
+    outside = np.setdiff1d(np.arange(VOCAB), vocab)
+    assert counts[vocab].min() >= counts[outside].max()  # the most frequent choices, ties aside
+    with pytest.raises(Exception, match="needs --draft-vocab"):
+        _cfg("mtp-single", label_vocab="draft").check()
+    module, res = train(target, cache, _cfg("mtp-single", label_vocab="draft", draft_vocab=16), progress=False)
+    assert np.mean(res.losses[-3:]) < np.mean(res.losses[:3]) - 0.2
 
 
 def test_teacher_mode_learns_only_the_assistant_turns_of_chat_data(tiny, tmp_path):

@@ -144,10 +144,13 @@ def _kinds(pred) -> str:
 )
 @click.option(
     "--label-vocab",
-    type=click.Choice(["full", "cache"]),
-    default="full",
+    type=click.Choice(["auto", "full", "cache", "draft"]),
+    default="auto",
     show_default=True,
-    help="cache: softmax over the tokens the target used on the data only (much faster on CPU).",
+    help="Vocabulary of the loss's softmax. draft: the --draft-vocab N tokens the runtime drafts over "
+    "(a label outside them can never be drafted; the lm_head matmul, most of a CPU training step, shrinks "
+    "by vocab/N); cache: every token the target used on the data; full: the whole vocabulary. auto: draft "
+    "when --draft-vocab is given (kinds without their own vocabulary), else full.",
 )
 @click.option(
     "--lm-dtype",
@@ -218,6 +221,7 @@ def train_heads_cmd(
 
     cache_choice, lm_choice = resolve_dtype(cache_dtype), resolve_dtype(lm_dtype)
     record = registry.get(kind)
+    label_vocab = _label_vocab(label_vocab, draft_vocab, record)
     tgt = load_hf_causal_lm(target)
     tok = load_tokenizer(tgt)
     samples = load_samples(list(data), seed)
@@ -234,6 +238,8 @@ def train_heads_cmd(
     cache_dir = cache_dir or out.with_name(out.name + ".cache")
     setup_compute(cache_dtype, echo=lambda line: click.echo(f"cache {line}", err=True))  # inputs are valid: announce
     click.echo(f"lm_head {lm_choice.describe()}", err=True)
+    if label_vocab == "draft":
+        click.echo(f"label vocab: the {draft_vocab} draft-vocabulary tokens (--label-vocab draft)", err=True)
     build_cache(
         tgt,
         items,
@@ -265,7 +271,7 @@ def train_heads_cmd(
         train_on=train_on,
         label_vocab=label_vocab,
         lm_dtype=lm_choice.name,
-        draft_vocab=draft_vocab if record.own_draft_vocab else 0,
+        draft_vocab=draft_vocab if record.own_draft_vocab or label_vocab == "draft" else 0,
         seed=seed,
         ckpt_every=ckpt_every,
     )
@@ -302,6 +308,15 @@ def train_heads_cmd(
                 f"the target's choices on the data ({dv.distinct} distinct)"
             )
     _barrier(world)
+
+
+def _label_vocab(choice: str, draft_vocab: int, record) -> str:
+    """Resolve --label-vocab auto (checked before any work: draft needs --draft-vocab)."""
+    if choice == "auto":
+        choice = "draft" if draft_vocab and not record.own_draft_vocab else "full"
+    if choice == "draft" and not draft_vocab:
+        raise UsageError("--label-vocab draft needs --draft-vocab N: the tokens the runtime drafts over")
+    return choice
 
 
 @click.command("tune-tree")

@@ -61,8 +61,9 @@ class TrainConfig:
     step_decay: float = 0.8  # weight of unrolled step s = step_decay ** s
     lm_dtype: str = "auto"  # dtype of the shared lm_head matmul; auto: bf16 where native (~2x faster), else fp32
     train_on: str = "generated"  # "generated": loss on the target's own reply only (q >= prompt_len - 1)
-    label_vocab: str = "full"  # "cache": softmax over the tokens the target ever chose on the data only
-    draft_vocab: int = 0  # kinds with their own output vocabulary: its size (0 = the kind's default)
+    label_vocab: str = "full"  # "cache": softmax over the tokens the target ever chose on the data only;
+    # "draft": over the draft_vocab tokens it chose most often (the ones the runtime drafts over)
+    draft_vocab: int = 0  # own-vocabulary kinds: its size (0 = the kind's default); label_vocab draft: N
     seed: int = 0
     ckpt_every: int = 50
     log_every: int = 1
@@ -70,8 +71,10 @@ class TrainConfig:
     def check(self) -> None:
         if self.train_on not in ("generated", "all"):
             raise UsageError("--train-on must be generated or all")
-        if self.label_vocab not in ("full", "cache"):
-            raise UsageError("--label-vocab must be full or cache")
+        if self.label_vocab not in ("full", "cache", "draft"):
+            raise UsageError("--label-vocab must be full, cache or draft")
+        if self.label_vocab == "draft" and self.draft_vocab < 1:
+            raise UsageError("--label-vocab draft needs --draft-vocab N (N >= 1)")
         if self.batch_tokens < 1 or self.unroll < 1 or self.num_heads < 1:
             raise UsageError("--batch-tokens, --unroll and --num-heads must be >= 1")
 
@@ -351,6 +354,16 @@ def cache_vocab(cache: HiddenCache) -> np.ndarray:
     return np.unique(np.concatenate(seen)).astype(np.int64)
 
 
+def draft_label_vocab(cache: HiddenCache, target: TargetSpec, size: int) -> np.ndarray:
+    """The ``size`` tokens the target chose most often on the data, sorted: the draft vocabulary
+    train-heads writes beside the heads, so the loss is a softmax over exactly what the runtime drafts
+    over (why: a label outside it can never be drafted, and the lm_head matmul, most of a CPU training
+    step, shrinks by vocab_size / size)."""
+    from trtspec.train.draft_vocab import frequent_tokens
+
+    return np.sort(frequent_tokens(cache, target.arch.vocab_size, size).ids.numpy())
+
+
 class _Remap:
     """Maps full-vocabulary label ids into a label-vocabulary subset (why: the lm_head matmul is most of
     the training cost and a 135M chat model uses a fraction of its 49k tokens on one corpus), or into a
@@ -403,8 +416,8 @@ def train(
     lm_dtype = resolve_dtype(cfg.lm_dtype, device).dtype
     embed, lm = shared_weights(target, lm_dtype)
     remap = label_ids = None
-    if cfg.label_vocab == "cache":
-        vocab = cache_vocab(cache)
+    if cfg.label_vocab in ("cache", "draft"):
+        vocab = cache_vocab(cache) if cfg.label_vocab == "cache" else draft_label_vocab(cache, target, cfg.draft_vocab)
         label_ids = torch.from_numpy(vocab)
         lm = lm[label_ids].contiguous()
         remap = _Remap(vocab, target.arch.vocab_size)
@@ -413,7 +426,8 @@ def train(
     if kind_recipe.prepare is not None:
         if remap is not None:
             raise UsageError(
-                f"--label-vocab cache does not apply to {cfg.kind}: it trains its own vocabulary (--draft-vocab)"
+                f"--label-vocab {cfg.label_vocab} does not apply to {cfg.kind}: it trains its own vocabulary "
+                "(--draft-vocab)"
             )
         from trtspec.train.draft_vocab import token_ranking
 
