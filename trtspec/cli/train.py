@@ -110,7 +110,15 @@ def _kinds(pred) -> str:
     "(AVX512-BF16/AMX: about 3x faster, and the labels are what a bfloat16 deployment says), "
     "float32 elsewhere (on AVX2-only CPUs bfloat16 is several times slower).",
 )
-@click.option("--epochs", default=1.0, show_default=True, type=click.FloatRange(0.0, min_open=True))
+@click.option(
+    "--epochs",
+    default=4.0,
+    show_default=True,
+    type=click.FloatRange(0.0, min_open=True),
+    help="Passes over the cached replies. 4: on SmolLM2 with the default mix:400, 1 epoch left depth-1 "
+    "acceptance at 0.09-0.23 on held-out text and 4 raised it to 0.32 (the steps are cheap once the loss "
+    "runs over a draft vocabulary: the cache, not the training, is most of the time).",
+)
 @click.option("--steps", default=None, type=click.IntRange(1), help="Training steps (overrides --epochs).")
 @click.option("--batch-tokens", default=2048, show_default=True, type=click.IntRange(1))
 @click.option("--lr", default=1e-3, show_default=True, type=float)
