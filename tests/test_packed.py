@@ -98,6 +98,34 @@ def test_packed_target_matches_plain_bfloat16(demo_paths):
     assert (la.argmax(-1) == lb.argmax(-1)).float().mean() >= 0.9
 
 
+def test_packing_without_batch_invariance_keeps_the_math_and_skips_float64_attention(demo_paths, monkeypatch):
+    """The self-distillation cache packs its target with batch_invariant=False: attention stays on SDPA
+    (float64 exact attention re-read every row's whole KV cache per layer and step, and a 64-row cache of
+    chat prompts did not finish its first pool in 14 minutes), and the outputs are the same model's."""
+    import trtspec.models.llama as llama
+
+    target = load_hf_causal_lm(demo_paths["target"])
+    exact = build_llama(target.arch, target.tensors, torch.bfloat16)
+    fast = build_llama(target.arch, target.tensors, torch.bfloat16)
+    pack_module(exact)
+    pack_module(fast, batch_invariant=False)
+    assert all(m.batch_invariant for m in exact.modules() if isinstance(m, Attention))
+    assert not any(m.batch_invariant for m in fast.modules() if isinstance(m, Attention))
+    ids = torch.randint(0, target.arch.vocab_size, (3, 10), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(10)[None].expand(3, -1)
+    calls = []
+    real = llama.exact_attention
+    monkeypatch.setattr(llama, "exact_attention", lambda *args: calls.append(1) or real(*args))
+    with torch.no_grad():
+        a, _ = exact(ids, pos, exact.new_cache(3, 12), causal_mask(10))
+        exact_calls = len(calls)
+        b, _ = fast(ids, pos, fast.new_cache(3, 12), causal_mask(10))
+        la, lb = exact.logits(a), fast.logits(b)
+    assert exact_calls == target.arch.num_hidden_layers and len(calls) == exact_calls
+    assert (la - lb).abs().max() < 0.05 * la.abs().max()
+    assert (la.argmax(-1) == lb.argmax(-1)).float().mean() >= 0.9
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("tree", ["chain:3", None])
 def test_packed_speculative_greedy_equals_plain(demo_paths, kind, tree):

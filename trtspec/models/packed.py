@@ -74,16 +74,22 @@ class PackedLinear(nn.Module):
         return (y[:1] if single else y).reshape(*lead, self.out_features)
 
 
-def pack_module(module: nn.Module) -> int:
+def pack_module(module: nn.Module, batch_invariant: bool = True) -> int:
     """Replace, in place, every plain ``nn.Linear`` under ``module`` by a PackedLinear, fusing attention
     q/k/v (``Attention.qkv``) and MLP gate/up (``MLP.gate_up``). The module must already be bfloat16 and
-    in eval mode. Returns the number of matmuls per forward that were packed."""
+    in eval mode. Returns the number of matmuls per forward that were packed.
+
+    ``batch_invariant`` also switches attention to float64 exact sums, so a token's result does not
+    depend on how many tokens a step verifies (what keeps speculative output identical to plain). Code
+    that only needs the target's outputs, not bit-equality across step shapes (the self-distillation
+    cache), passes False: float64 attention re-reads every row's whole KV cache in float64 per layer and
+    step, which dominated a 64-row cache of long chat prompts."""
     from trtspec.models.llama import MLP, Attention
 
     count = 0
     for sub in list(module.modules()):
         if isinstance(sub, Attention) and sub.qkv is None:
-            sub.batch_invariant = True
+            sub.batch_invariant = batch_invariant
             sub.qkv = PackedLinear([sub.q_proj, sub.k_proj, sub.v_proj])
             sub.o_proj = PackedLinear([sub.o_proj])
             del sub.q_proj, sub.k_proj, sub.v_proj
@@ -108,9 +114,11 @@ def pack_projection(weight: torch.Tensor) -> PackedLinear:
     return PackedLinear([lin])
 
 
-def pack_if_bf16(module: nn.Module, dtype: torch.dtype, device: str | torch.device = "cpu") -> bool:
+def pack_if_bf16(
+    module: nn.Module, dtype: torch.dtype, device: str | torch.device = "cpu", batch_invariant: bool = True
+) -> bool:
     """Pack ``module`` when it runs in bfloat16 on a CPU that supports it; returns whether it did."""
     if dtype != torch.bfloat16 or torch.device(device).type != "cpu" or not packing_supported():
         return False
-    pack_module(module)
+    pack_module(module, batch_invariant)
     return True

@@ -46,7 +46,7 @@ def aux_features(
 
         dtype = parse_dtype(cache.meta.get("dtype", "float32"))
         model = build_llama(target.arch, target.tensors, dtype)
-        pack_if_bf16(model, dtype)
+        pack_if_bf16(model, dtype, batch_invariant=False)  # features for training, not bit-equal tree steps
         seqs = [[(a, n) for si, a, n in cache.sequences if si == i] for i in range(len(cache.shards))]
         bar = tqdm(total=sum(len(seqs[i]) for i in todo), desc="aux states", unit="seq", disable=not progress)
         for i in todo:

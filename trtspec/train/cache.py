@@ -441,7 +441,7 @@ def build_cache(
 
         torch_dtype = parse_dtype(dtype)
         model = build_llama(target.arch, target.tensors, torch_dtype)
-        pack_if_bf16(model, torch_dtype)
+        pack_if_bf16(model, torch_dtype, batch_invariant=False)  # labels, not bit-equal tree steps
     from tqdm import tqdm
 
     bar = tqdm(
