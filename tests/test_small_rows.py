@@ -7,10 +7,12 @@ import pytest
 import torch
 from torch import nn
 
-from trtspec.models.small_rows import MEASURED_ROWS, SmallRowsLinear, measure_plan
+from trtspec.models.small_rows import MEASURED_ROWS, SmallRowsLinear, measure_plan, packing_supported
+
+needs_packing = pytest.mark.skipif(not packing_supported(torch.float32), reason="no float32 oneDNN linears here")
 
 
-@pytest.mark.parametrize("how", ["linear", "wxt", "wxt2"])
+@pytest.mark.parametrize("how", ["linear", "wxt", "wxt2", pytest.param("packed", marks=needs_packing)])
 @pytest.mark.parametrize("bias", [False, True])
 def test_every_way_is_the_linear_product(how, bias):
     torch.manual_seed(0)
@@ -30,7 +32,25 @@ def test_every_way_is_the_linear_product(how, bias):
 def test_the_plan_is_measured_for_every_row_count():
     plan = measure_plan(torch.randn(256, 64), None, reps=1)
     assert sorted(plan) == list(MEASURED_ROWS)
-    assert set(plan.values()) <= {"linear", "wxt", "wxt2"} and all(plan[r] != "wxt2" for r in MEASURED_ROWS[1:])
+    assert set(plan.values()) <= {"linear", "wxt", "wxt2", "packed"}
+    assert all(plan[r] != "wxt2" for r in MEASURED_ROWS[1:])
+
+
+@needs_packing
+def test_packed_rows_come_out_the_same_alone_or_in_a_tree():
+    """A token verified inside a tree of N rows gets the very bits it gets decoded alone (1 row), which
+    keeps greedy speculative output equal to plain decoding on the packed way."""
+    torch.manual_seed(0)
+    lin = nn.Linear(576, 1536, bias=False)
+    fast = SmallRowsLinear(lin, {r: "packed" for r in MEASURED_ROWS})
+    assert fast.packed is not None
+    x = torch.randn(17, 576)
+    with torch.no_grad():
+        together = fast(x)
+        for rows in (1, 2, 3, 9, 16):
+            assert torch.equal(fast(x[:rows]), together[:rows])
+    plain = SmallRowsLinear(lin, {r: "wxt" for r in MEASURED_ROWS})
+    assert plain.packed is None  # no packed copy of a weight whose plan never uses it
 
 
 def test_tuning_keeps_greedy_output_and_can_be_turned_off(tmp_path, monkeypatch):
