@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What a tree costs the target: one forward over T new tokens (after a 200-token prefix) on SmolLM2-135M,
-for float32, plain bfloat16 and pre-packed bfloat16 (trtspec/models/packed.py), body and lm_head timed
-apart. Speculative decoding pays off when T tokens cost about what 1 token does.
+for float32 (plain nn.Linear, and with the runtime's measured small-row linears, trtspec/models/small_rows.py),
+plain bfloat16 and pre-packed bfloat16 (trtspec/models/packed.py), body and lm_head timed apart. Speculative decoding pays off when T tokens cost about what 1 token does.
 
     python scripts/bench_forward.py [--tokens 1,5,9,17,33] [--repeat 30] [--json out.json]
 """
@@ -21,6 +21,7 @@ import torch
 from trtspec.checkpoint.target import load_hf_causal_lm
 from trtspec.models.llama import build_llama, causal_mask
 from trtspec.models.packed import pack_module, packing_supported
+from trtspec.models.small_rows import tune_small_rows
 
 PREFIX = 200
 
@@ -62,7 +63,11 @@ def main() -> None:
     if not (args.target / "config.json").is_file():
         sys.exit(f"{args.target}: no model; run python scripts/prepare_smollm2.py first")
     target = load_hf_causal_lm(args.target)
-    variants = [("float32", torch.float32, False), ("bfloat16", torch.bfloat16, False)]
+    variants = [
+        ("float32", torch.float32, False),
+        ("float32-tuned", torch.float32, "small_rows"),
+        ("bfloat16", torch.bfloat16, False),
+    ]
     if packing_supported():
         variants.append(("bfloat16-packed", torch.bfloat16, True))
     else:
@@ -72,7 +77,9 @@ def main() -> None:
     print(f"{'variant':<16} {'T':>3} {'body ms':>8} {'lm_head ms':>10} {'total ms':>9} {'vs T=1':>7}")
     for name, dtype, packed in variants:
         model = build_llama(target.arch, target.tensors, dtype)
-        if packed:
+        if packed == "small_rows":
+            tune_small_rows(model, dtype)  # what the runtime runs in float32
+        elif packed:
             pack_module(model)
         base = None
         for T in tokens:
