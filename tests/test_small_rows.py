@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from trtspec.models.small_rows import MEASURED_ROWS, SmallRowsLinear, measure_plan, packing_supported
+from trtspec.models.packed import packing_supported
+from trtspec.models.small_rows import MEASURED_ROWS, SmallRowsLinear, measure_plan
 
 needs_packing = pytest.mark.skipif(not packing_supported(torch.float32), reason="no float32 oneDNN linears here")
 

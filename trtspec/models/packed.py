@@ -26,14 +26,16 @@ import torch
 from torch import nn
 
 
-@functools.lru_cache(maxsize=1)
-def packing_supported() -> bool:
-    """True when this torch build and CPU run oneDNN bfloat16 linears on pre-packed weights."""
+@functools.cache
+def packing_supported(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """True when this torch build and CPU run oneDNN ``dtype`` linears on pre-packed weights correctly."""
     try:
-        if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        if not torch.backends.mkldnn.is_available():
             return False
-        w = torch.randn(8, 16).to(torch.bfloat16)
-        x = torch.randn(3, 16).to(torch.bfloat16)
+        if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        w = torch.randn(8, 16).to(dtype)
+        x = torch.randn(3, 16).to(dtype)
         y = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, 1), None, "none", [], "")
         return bool(torch.allclose(y.float(), (x.float() @ w.float().t()), atol=0.1, rtol=0.05))
     except (RuntimeError, AttributeError):
@@ -64,14 +66,21 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        # oneDNN runs a single row through a kernel of its own whose sums round differently on some CPUs
-        # (seen on AVX512-BF16 without AMX: SmolLM2's down_proj, K=1536); two rows take the kernel every
-        # larger batch takes, so plain decoding (1 row) and a tree step (N rows) give the same bits.
-        single = rows.shape[0] == 1
-        if single:
-            rows = rows.expand(2, -1)
-        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return (y[:1] if single else y).reshape(*lead, self.out_features)
+        return packed_matmul(rows, self.packed, self.bias).reshape(*lead, self.out_features)
+
+
+def packed_matmul(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """rows [N, in] times a weight in oneDNN's packed layout (``_reorder_linear_weight``), plus bias.
+
+    oneDNN runs a single row through a kernel of its own whose sums round differently (seen in bfloat16 on
+    AVX512-BF16 without AMX, SmolLM2's down_proj, K=1536, and in float32 on AVX2 and AVX-512); two rows
+    take the kernel every larger batch takes, so plain decoding (1 row) and a tree step (N rows) give the
+    same bits."""
+    single = rows.shape[0] == 1
+    y = torch.ops.mkldnn._linear_pointwise(
+        rows.expand(2, -1) if single else rows.contiguous(), packed, bias, "none", [], ""
+    )
+    return y[:1] if single else y
 
 
 def pack_module(module: nn.Module, batch_invariant: bool = True) -> int:

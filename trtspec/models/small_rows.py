@@ -25,7 +25,6 @@ for 1 and for N rows. Only modules that run inference get this (the runtime's ta
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import Callable
@@ -33,6 +32,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from trtspec.models.packed import packed_matmul, packing_supported
 
 #: row counts that are measured; a step with another count uses the next measured one above it
 MEASURED_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -53,19 +54,6 @@ def _wxt(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 PACK_ROWS_HINT = 16
 
 
-@functools.cache
-def packing_supported(dtype: torch.dtype) -> bool:
-    """True when this torch build runs oneDNN linears on pre-packed ``dtype`` weights (and gets them right)."""
-    try:
-        if not torch.backends.mkldnn.is_available():
-            return False
-        w, x = torch.randn(24, 16, dtype=dtype), torch.randn(3, 16, dtype=dtype)
-        y = torch.ops.mkldnn._linear_pointwise(x, pack_weight(w), None, "none", [], "")
-        return bool(torch.allclose(y.float(), x.float() @ w.float().t(), atol=1e-3, rtol=1e-3))
-    except (RuntimeError, AttributeError):
-        return False
-
-
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` [out, in] in oneDNN's blocked layout, for ``packed``."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
@@ -77,13 +65,7 @@ def _apply(
     if how == "linear":
         return F.linear(x2, weight, bias)
     if how == "packed":
-        # one row runs as two: oneDNN's single-row kernel sums in another order than its kernel for 2+
-        # rows, and a token should come out the same decoded alone or verified in a tree
-        single = x2.shape[0] == 1
-        y = torch.ops.mkldnn._linear_pointwise(
-            x2.expand(2, -1) if single else x2.contiguous(), packed, bias, "none", [], ""
-        )
-        return y[:1] if single else y
+        return packed_matmul(x2, packed, bias)
     # the row twice in real memory: an expand()ed (stride-0) operand sends BLAS down a slow path
     y = _wxt(x2.repeat(2, 1), weight)[:1] if how == "wxt2" else _wxt(x2, weight)
     return y + bias if bias is not None else y
