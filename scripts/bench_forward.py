@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """What a tree costs the target: one forward over T new tokens (after a 200-token prefix) on SmolLM2-135M,
-for float32 (plain nn.Linear, and with the runtime's measured small-row linears, trtspec/models/small_rows.py),
-plain bfloat16 and pre-packed bfloat16 (trtspec/models/packed.py), body and lm_head timed apart. Speculative decoding pays off when T tokens cost about what 1 token does.
+for float32 (plain nn.Linear, and the runtime's measured small-row linears, trtspec/models/small_rows.py),
+plain bfloat16 and pre-packed bfloat16 (trtspec/models/packed.py), body and lm_head timed apart.
+Speculative decoding pays off when T tokens cost about what 1 token does.
 
     python scripts/bench_forward.py [--tokens 1,5,9,17,33] [--repeat 30] [--json out.json]
 """
@@ -64,22 +65,22 @@ def main() -> None:
         sys.exit(f"{args.target}: no model; run python scripts/prepare_smollm2.py first")
     target = load_hf_causal_lm(args.target)
     variants = [
-        ("float32", torch.float32, False),
+        ("float32", torch.float32, None),
         ("float32-tuned", torch.float32, "small_rows"),
-        ("bfloat16", torch.bfloat16, False),
+        ("bfloat16", torch.bfloat16, None),
     ]
     if packing_supported():
-        variants.append(("bfloat16-packed", torch.bfloat16, True))
+        variants.append(("bfloat16-packed", torch.bfloat16, "packed"))
     else:
         print("this CPU has no oneDNN bfloat16 kernels: packed variant skipped")
     tokens = [int(t) for t in args.tokens.split(",")]
     rows = []
     print(f"{'variant':<16} {'T':>3} {'body ms':>8} {'lm_head ms':>10} {'total ms':>9} {'vs T=1':>7}")
-    for name, dtype, packed in variants:
+    for name, dtype, prepare in variants:
         model = build_llama(target.arch, target.tensors, dtype)
-        if packed == "small_rows":
+        if prepare == "small_rows":
             tune_small_rows(model, dtype)  # what the runtime runs in float32
-        elif packed:
+        elif prepare == "packed":
             pack_module(model)
         base = None
         for T in tokens:

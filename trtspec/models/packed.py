@@ -36,7 +36,7 @@ def packing_supported(dtype: torch.dtype = torch.bfloat16) -> bool:
             return False
         w = torch.randn(8, 16).to(dtype)
         x = torch.randn(3, 16).to(dtype)
-        y = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, 1), None, "none", [], "")
+        y = packed_matmul(x, pack_weight(w), None)
         return bool(torch.allclose(y.float(), (x.float() @ w.float().t()), atol=0.1, rtol=0.05))
     except (RuntimeError, AttributeError):
         return False
@@ -61,12 +61,17 @@ class PackedLinear(nn.Module):
         self.split_sizes = [m.out_features for m in linears]
         self.register_buffer("weight", weight, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(weight, 1), persistent=False)
+        self.register_buffer("packed", pack_weight(weight), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
         return packed_matmul(rows, self.packed, self.bias).reshape(*lead, self.out_features)
+
+
+def pack_weight(weight: torch.Tensor, rows_hint: int = 1) -> torch.Tensor:
+    """``weight`` [out, in] laid out once in oneDNN's blocked format, chosen for about ``rows_hint`` rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), rows_hint)
 
 
 def packed_matmul(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -16,7 +16,7 @@ same whether it is decoded alone or verified in a chain of 1), and ``packed`` (o
 weight laid out once in its blocked format, where this torch build has float32 oneDNN linears). Packed
 costs nearly the same for 1 and for 16 rows, where BLAS grows with the rows: on the 2-core EPYC above,
 capped at AVX2, a whole SmolLM2-135M forward over 9 tree tokens took 72 ms packed against 102 ms with
-``wxt``, while for 1 row ``wxt2`` stayed ahead (46 vs 52 ms), so the plan mixes them by row count. A
+``wxt``, while for 1 row ``wxt2`` stayed ahead (52 vs 59 ms), so the plan mixes them by row count. A
 weight gets its packed copy only when its plan uses it. Every candidate computes the same
 product; only the order of the floating-point sums may differ, as it already does between BLAS kernels
 for 1 and for N rows. Only modules that run inference get this (the runtime's target); training keeps
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtspec.models.packed import packed_matmul, packing_supported
+from trtspec.models.packed import pack_weight, packed_matmul, packing_supported
 
 #: row counts that are measured; a step with another count uses the next measured one above it
 MEASURED_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -52,11 +52,6 @@ def _wxt(x2: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 #: oneDNN's packed layout is chosen for this many rows; measured on AVX2 and AVX-512 CPUs, 16 keeps 1-2
 #: rows as fast as the default hint (1) and makes 9-16 rows up to 1.4x faster
 PACK_ROWS_HINT = 16
-
-
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` [out, in] in oneDNN's blocked layout, for ``packed``."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
 
 
 def _apply(
@@ -92,7 +87,7 @@ def measure_plan(weight: torch.Tensor, bias: torch.Tensor | None, reps: int = 3)
     size = weight.numel() * weight.element_size()
     copies = [weight] + [weight.clone() for _ in range(min(64, COLD_BYTES // max(size, 1)) - 1)]
     can_pack = packing_supported(weight.dtype)
-    packs = [pack_weight(w) for w in copies] if can_pack else [None] * len(copies)
+    packs = [pack_weight(w, PACK_ROWS_HINT) for w in copies] if can_pack else [None] * len(copies)
     for rows in MEASURED_ROWS:
         x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
         options = ["linear", "wxt"] + (["wxt2"] if rows == 1 else []) + (["packed"] if can_pack else [])
@@ -117,7 +112,7 @@ class SmallRowsLinear(nn.Module):
         self.weight, self.bias = linear.weight, linear.bias
         #: row count -> way, for every count up to the largest measured one
         self.by_rows = [plan[min(r for r in MEASURED_ROWS if r >= n)] for n in range(1, MEASURED_ROWS[-1] + 1)]
-        self.packed = pack_weight(linear.weight) if "packed" in self.by_rows else None
+        self.packed = pack_weight(linear.weight, PACK_ROWS_HINT) if "packed" in self.by_rows else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
