@@ -362,14 +362,14 @@ def aux_layers_of(args, target) -> tuple[int, ...]:
 
 
 def is_block(kind: str) -> bool:
-    """A block drafter (one forward drafts a chain): evaluated on chains, no tree tuning."""
+    """A block drafter (one forward drafts the whole block): trained with the block settings."""
     from trtspec.train.heads import recipe
 
     return recipe(kind).style == "block"
 
 
-def block_report(spec, budgets) -> dict:
-    """Chains of the budgets' lengths (clipped to the block's drafts) in tune_on_cache's report shape."""
+def chain_report(spec, budgets) -> dict:
+    """Chains of the budgets' lengths (clipped to the drafter's depth) in tune_on_cache's report shape."""
     depth = max(len(c) for c in spec.tree.choices)
     lengths = sorted({min(b, depth) for b in budgets} | {depth})
     rows = [{"nodes": n, "choices": [[0] * d for d in range(1, n + 1)], "expected": None} for n in lengths]
@@ -382,22 +382,20 @@ def evaluate(
     args, heads_dir: Path, calib, eval_by_domain: dict, budgets, draft_vocab: int = 0, also: str | None = None
 ) -> dict:
     """Tune trees on the calibration cache, measure every tree on every domain (plain interleaved), keep
-    the tree with the best mean speedup over the domains, and time adaptive speculation with it. Block
-    drafters are measured on chains instead (their drafts do not branch). ``also``: a model-free drafter
+    the tree with the best mean speedup over the domains, and time adaptive speculation with it. Model-free
+    drafters are measured on chains instead (they have no logits to rank). ``also``: a model-free drafter
     beside the heads; the tuned trees are then also tried with their first chain deepened."""
     from trtspec.runtime.generate import SpeculativeGenerator
-    from trtspec.train.heads import recipe
     from trtspec.train.tune_run import measure_decode, tune_on_cache
 
     kind = registry.detect(heads_dir)
-    block = registry.get(kind).model_free or is_block(kind) or recipe(kind).aux_layers is not None
-    # ^ measured on chains: tune-tree cannot measure drafters that read text or other layers
+    chains = registry.get(kind).model_free  # no logits to rank: measured on chains, no tree tuning
 
     def generator(also_draft: str | None):
         spec = load_spec_model(
             args.target,
             heads_dir,
-            tree=None if block else "chain:1",
+            tree=None if chains else "chain:1",
             dtype="float32",
             draft_vocab=draft_vocab,
             also_draft=also_draft,
@@ -407,8 +405,8 @@ def evaluate(
     spec, gen = generator(None)  # trees are tuned for the heads alone (tune-tree measures one drafter)
     eos = spec.target.arch.eos_token_id
     t0 = time.perf_counter()
-    if block:
-        rep = block_report(spec, budgets)
+    if chains:
+        rep = chain_report(spec, budgets)
     else:
         rep = tune_on_cache(gen, calib, [], budgets, topk=8, speed=False, echo=lambda s: print(s, flush=True))
     if also is not None:

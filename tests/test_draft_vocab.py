@@ -20,7 +20,7 @@ from trtspec.load import load_spec_model
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.draft_vocab import frequent_tokens, target_choice_counts
-from trtspec.train.tune import measure_ranks
+from trtspec.train.ranks import measure_ranks
 
 KINDS = ["draft-model", "medusa", "mtp-linear", "mtp-single", "eagle"]
 PROMPTS = [[1, 40, 50, 60, 70], [1, 7], [5, 6, 7, 8, 9, 10, 11, 12]]

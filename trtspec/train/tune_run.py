@@ -13,14 +13,8 @@ from pathlib import Path
 
 from trtspec.errors import UsageError
 from trtspec.train.cache import HiddenCache, build_cache
-from trtspec.train.tune import (
-    build_tree,
-    check_measurable,
-    expected_length,
-    measure_ranks,
-    path_probs_from_ranks,
-    per_depth_topk,
-)
+from trtspec.train.ranks import check_measurable, measure_ranks
+from trtspec.train.tune import build_tree, expected_length, path_probs_from_ranks, per_depth_topk
 from trtspec.tree import build_tree as tree_buffers
 from trtspec.tree import format_choices_json, format_choices_trtllm
 
@@ -98,7 +92,12 @@ def tune_on_cache(
     depth = depth or _default_depth(gen)
     if gen.drafter.max_depth is not None and depth > gen.drafter.max_depth:
         raise UsageError(f"--depth {depth} exceeds the {gen.drafter.max_depth} heads")
-    ranks = measure_ranks(gen.drafter, cache, depth)
+    aux = None
+    if gen.drafter.aux_layers:  # EAGLE-3 and block drafters read the target's states at other layers
+        from trtspec.train.aux_cache import aux_features
+
+        aux = aux_features(cache, gen.spec.target, tuple(gen.drafter.aux_layers), progress=False)
+    ranks = measure_ranks(gen.drafter, cache, depth, aux=aux)
     probs = path_probs_from_ranks(ranks, topk)
     table = per_depth_topk(ranks, topk)
     echo(

@@ -1,0 +1,193 @@
+"""Teacher-forced ranks: where the target's own choice falls among a drafter's candidates, per depth.
+
+For every calibration position q (the target has committed x_0..x_q, the root is x_{q+1}) and depth
+d = 1..D, the rank of a_{q+d} (the target's greedy choice for position q+d+1) among the drafter's
+logits at depth d when every ancestor on the path is the true token: exactly what a tree node whose
+ancestors were all accepted sees. tune-tree turns these into path probabilities (trtspec.train.tune).
+
+Each proposer type of trtspec.drafters is measured with its own runtime modules and weights, so the
+numbers are the runtime's:
+* ``HeadsDrafter`` (medusa, mtp-linear): head d on the target's last hidden state h_q.
+* ``RecurrentDrafter`` pair heads (eagle, eagle3, mtp-single, native MTP): unrolled on their own outputs
+  (trtspec.train.unroll), step 0 reading h_q or, for a drafter with ``aux_layers`` (EAGLE-3), the target's
+  states entering those layers.
+* ``RecurrentDrafter`` draft models: one forward over the true text; depth d reads position q+d.
+* ``BlockDrafter`` (dflash, dspark): the block ``[x_{q+1}, mask...]`` over the target's aux-layer states
+  before it, every anchor of a sequence in one forward (the block-sparse mask of trtspec.train.block);
+  a Markov head adds its bias of the true previous token, as a tree parent on the accepted path would.
+A drafter projecting onto its own vocabulary (a draft vocabulary, EAGLE-3's d2t) is ranked in that
+vocabulary; a target token outside it is a miss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from trtspec.errors import UsageError
+from trtspec.models.llama import causal_mask
+from trtspec.train.cache import HiddenCache
+from trtspec.train.unroll import unrolled
+
+#: block anchors per forward when measuring a block drafter
+BLOCK_ANCHORS = 32
+
+
+def check_measurable(drafter) -> None:
+    """Refuse, before any work, a drafter whose per-depth ranks cannot be computed (model-free and
+    combined drafters: they draft from text, not from logits)."""
+    from trtspec.drafters.block_proposer import BlockDrafter
+    from trtspec.drafters.proposers import HeadsDrafter, RecurrentDrafter
+
+    if not isinstance(drafter, HeadsDrafter | RecurrentDrafter | BlockDrafter):
+        raise UsageError(
+            "tune-tree measures drafters that score candidates with a model; this one drafts from text "
+            "(model-free or combined): pass a tree with --tree (e.g. chain:4) and measure it with generate --compare"
+        )
+
+
+def label_index(drafter, logits_width: int, vocab_size: int) -> torch.Tensor:
+    """[vocab_size] target id -> column of the drafter's logits (-1: the drafter cannot propose it)."""
+    id_map = getattr(drafter, "id_map", None)
+    if id_map is None:
+        if logits_width != vocab_size:
+            raise ValueError(f"{logits_width} logits and no id map for a {vocab_size}-token vocabulary")
+        return torch.arange(vocab_size)
+    inv = torch.full((vocab_size,), -1, dtype=torch.long)
+    inv[id_map(torch.arange(logits_width))] = torch.arange(logits_width)
+    return inv
+
+
+def rank_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Rank of each row's label column among its logits (0 = argmax); -1 where the label is < 0."""
+    ok = labels >= 0
+    lg = logits.float()
+    tl = lg.gather(1, labels.clamp_min(0)[:, None])
+    r = (lg > tl).sum(1)
+    return torch.where(ok, r, torch.full_like(r, -1))
+
+
+#: per depth, the drafter's logits [n-1, V'] at every position q = 0 .. n-2 (row q: root x_{q+1})
+DepthLogits = Callable[[int], torch.Tensor]
+
+
+def _heads_logits(drafter, hidden: torch.Tensor, tokens: torch.Tensor, depth: int) -> DepthLogits:
+    n = len(tokens)
+    h = hidden[: n - 1].to(drafter.lm_head.dtype)
+    return lambda d: drafter.heads.heads[d - 1](h, drafter.lm_head).float()
+
+
+def _recurrent_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, depth: int) -> DepthLogits:
+    n = len(tokens)
+    module = drafter.module
+    q = torch.arange(n - 1)
+    if drafter.is_draft_model:  # a plain causal LM: depth d at q is its next-token logits at q + d
+        cache = module.new_cache(1, n)
+        hid, _ = module(tokens[None], torch.arange(n)[None], cache, causal_mask(n))
+        logits = module.logits(hid[0]).float()
+        return lambda d: logits[(q + d).clamp_max(n - 1)]
+    dtype = next(module.parameters()).dtype
+    steps = [torch.where(q + s + 1 < n, tokens[(q + s + 1).clamp_max(n - 1)], 0)[None] for s in range(depth)]
+    res = unrolled(
+        module,
+        drafter.embed.weight,
+        drafter.lm_head,
+        features[None, : n - 1].to(dtype),
+        steps,
+        torch.zeros(1, dtype=torch.long),
+        torch.ones(1, n - 1, dtype=torch.bool),
+    )
+    return lambda d: res[d - 1][1][0].float()
+
+
+def _block_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, depth: int, first: int) -> DepthLogits:
+    """Anchors p = q + 1 for q >= ``first`` only (rows below it are not measured)."""
+    from trtspec.models.heads import project
+    from trtspec.train.block import block_mask
+
+    m = drafter.module
+    n, B = len(tokens), m.block_size
+    dtype = m.norm.weight.dtype
+    positions = torch.arange(n)[None]
+    prefix = m.context_kv(features[None].to(dtype), positions)
+    states = torch.zeros(n - 1, m.num_drafts, m.arch.hidden_size, dtype=dtype)
+    anchors = torch.arange(max(first, 0) + 1, n)
+    for s in range(0, len(anchors), BLOCK_ANCHORS):
+        a = anchors[s : s + BLOCK_ANCHORS][None]
+        A = a.shape[1]
+        ids = torch.full((1, A * B), m.mask_token_id, dtype=torch.long)
+        ids[0, ::B] = tokens[a[0]]
+        pos = a.repeat_interleave(B, 1) + torch.arange(B).repeat(A)[None]
+        mask = block_mask(a, positions, torch.ones(1, n, dtype=torch.bool), B)
+        h = m.blocks(drafter.embed(ids), pos, prefix, mask)
+        states[a[0] - 1] = m.draft_states(h.view(A, B, -1))
+    q = torch.arange(n - 1)
+
+    def logits(d: int) -> torch.Tensor:
+        out = project(states[:, d - 1], drafter.lm_head).float()
+        if drafter.bias is not None:  # the true previous token x_{q+d}, as the accepted parent
+            out = out + drafter.bias(tokens[(q + d).clamp_max(n - 1)][:, None])[:, 0].float()
+        return out
+
+    return logits
+
+
+@torch.no_grad()
+def depth_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, depth: int, first: int = 0) -> DepthLogits:
+    """The drafter's teacher-forced logits on one sequence: ``tokens`` [n] (the true text), ``features``
+    [n, F] the target's states there (its last hidden state, or its aux-layer states for a drafter that
+    reads them); rows q < ``first`` may be left unmeasured."""
+    from trtspec.drafters.block_proposer import BlockDrafter
+    from trtspec.drafters.proposers import HeadsDrafter
+
+    if isinstance(drafter, HeadsDrafter):
+        return _heads_logits(drafter, features, tokens, depth)
+    if isinstance(drafter, BlockDrafter):
+        return _block_logits(drafter, features, tokens, depth, first)
+    return _recurrent_logits(drafter, features, tokens, depth)
+
+
+@torch.no_grad()
+def measure_ranks(
+    drafter,
+    cache: HiddenCache,
+    depth: int,
+    max_positions: int = 20000,
+    aux: list[np.ndarray] | None = None,
+) -> np.ndarray:
+    """[n, depth] true-token ranks per calibration position (the target's replies only) for a runtime
+    drafter on a cache of the target's own text. ``aux``: per cache shard, the target's states entering
+    the drafter's ``aux_layers`` (trtspec.train.aux_cache.aux_features), needed when it has any."""
+    check_measurable(drafter)
+    if drafter.aux_layers and aux is None:
+        raise ValueError("this drafter reads target layers: pass their states (aux_features)")
+    vocab = int(cache.meta["vocab_size"])
+    rows, total, index = [], 0, None
+    for i, (shard, start, n) in enumerate(cache.sequences):
+        if n < 2:
+            continue
+        seq = cache.sequence(i)
+        tokens = torch.from_numpy(np.asarray(seq["tokens"], dtype=np.int64))
+        am = torch.from_numpy(np.asarray(seq["argmax"], dtype=np.int64))
+        src = aux[shard][start : start + n] if drafter.aux_layers else seq["hidden"]
+        features = torch.from_numpy(np.asarray(src, dtype=np.float32))
+        first = max(cache.prompt_lengths[i] - 1, 0)  # only where the target wrote the text, as when serving
+        logits_at = depth_logits(drafter, features, tokens, depth, first)
+        q = torch.arange(n - 1)
+        ranks = torch.full((n - 1, depth), -1, dtype=torch.long)
+        for d in range(1, depth + 1):
+            logits = logits_at(d)
+            if index is None:
+                index = label_index(drafter, logits.shape[-1], vocab)
+            t = q + d
+            lab = torch.where(t < n, am[t.clamp_max(n - 1)], -1)
+            ranks[:, d - 1] = rank_of(logits, torch.where(lab >= 0, index[lab.clamp_min(0)], -1))
+        rows.append(ranks.numpy()[first:])
+        total += n - 1 - first
+        if total >= max_positions:
+            break
+    if not rows:
+        raise UsageError("the calibration cache holds no sequence of two tokens or more")
+    return np.concatenate(rows)[:max_positions]
