@@ -185,6 +185,26 @@ def test_cli_trains_eagle3_with_its_own_vocabulary_and_a_progress_bar(tiny, tmp_
     assert load_spec_model(tiny["dir"], out).drafter.kind == KIND
 
 
+def _rates(text: str, prefix: str) -> tuple[int, list[float]]:
+    line = next(ln for ln in text.splitlines() if ln.startswith(prefix))
+    positions = int(line.split(" positions)")[0].split()[-1].lstrip("("))
+    return positions, [float(x) for x in line.split("top-1 per depth ")[1].split(",")[0].split()]
+
+
+def test_cli_held_out_report_on_the_training_prompts_equals_the_training_data_report(tiny, tmp_path):
+    """--eval-data naming the training prompts: the target writes the same replies again, so the held-out
+    measurement (aux states from a side file of a fresh cache) must equal the one on the training cache
+    (its stored aux columns), position for position."""
+    data = _jsonl(tmp_path / "d.jsonl", 10)
+    out = tmp_path / "heads"
+    r = CliRunner().invoke(main, _cli(tiny["dir"], data, out, "--steps", "20", "--eval-data", str(data)))
+    assert r.exit_code == 0, r.output
+    held, train = _rates(r.output, "held-out ("), _rates(r.output, "training data (")
+    assert held[0] == train[0] > 0 and len(held[1]) == 3
+    assert held[1] == pytest.approx(train[1], abs=1e-3)
+    assert (tmp_path / "heads.eval-cache").is_dir()
+
+
 def test_cli_refuses_a_tokenizer_that_does_not_fit_the_target(tmp_path):
     tdir = make_tiny_llama(tmp_path / "target", vocab_size=64, num_hidden_layers=4, seed=0)
     write_char_tokenizer(tdir, 128)  # ids up to 98: not this target's

@@ -178,6 +178,13 @@ def _kinds(pred) -> str:
     "0 = draft over the full vocabulary. For kinds with their own draft vocabulary "
     f"({_kinds(lambda r: r.prepare is not None)}): its size (0 = the kind's default).",
 )
+@click.option(
+    "--eval-data",
+    default=None,
+    help="Held-out prompts (e.g. 'chat-eval:32'; any --data spec): after training, the target writes its replies "
+    "to them and the drafter's top-1 acceptance per depth is measured there and on the training data, without "
+    "decoding (a large gap means it memorised its data: train on more). Cached in OUT.eval-cache/.",
+)
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in OUT.train/ (same options).")
 @click.option("--ckpt-every", default=50, show_default=True, type=click.IntRange(0))
@@ -207,6 +214,7 @@ def train_heads_cmd(
     label_vocab,
     lm_dtype,
     draft_vocab,
+    eval_data,
     seed,
     resume,
     ckpt_every,
@@ -236,6 +244,7 @@ def train_heads_cmd(
     if max_samples:
         samples = samples[:max_samples]
     items, loss_masks = _items(tok, samples, distill, chat)
+    eval_items = _items(tok, load_samples([eval_data], seed), "generate", chat)[0] if eval_data else None
     check_token_ids(items, tgt.arch.vocab_size, tgt.tokenizer_path or tgt.path)
     hz = horizon(kind, num_heads, unroll)
     if distill == "teacher":
@@ -315,7 +324,27 @@ def train_heads_cmd(
                 f"wrote {f}: {dv.ids.numel()} of {tgt.arch.vocab_size} tokens, covering {dv.coverage:.1%} of "
                 f"the target's choices on the data ({dv.distinct} distinct)"
             )
+        if eval_items:
+            _report_heldout(target, out, eval_items, eval_data, max(hz, 3), gen_tokens, cache_choice.name, cache)
     _barrier(world)
+
+
+def _report_heldout(target, out: Path, items, name: str, depth: int, gen_tokens: int, dtype: str, cache) -> None:
+    """Print the trained heads' held-out and training-data acceptance (trtspec.train.heldout)."""
+    from trtspec.train.heldout import evaluate_heads
+
+    held, train = evaluate_heads(
+        target, out, items, out.with_name(out.name + ".eval-cache"), depth, gen_tokens, dtype, cache
+    )
+    click.echo(f"held-out ({name}, {held.positions} positions): {held.describe()}")
+    if train is not None:
+        click.echo(f"training data ({train.positions} positions): {train.describe()}")
+        if train.conditional[0] - held.conditional[0] > 0.1:
+            click.echo(
+                "note: the drafter hits far more often on its training data than on held-out text: it memorised "
+                "its data; more data (not more steps) raises acceptance",
+                err=True,
+            )
 
 
 def _label_vocab(choice: str, draft_vocab: int, record) -> str:

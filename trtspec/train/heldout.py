@@ -1,0 +1,115 @@
+"""Held-out acceptance of freshly trained heads, without decoding: train-heads ``--eval-data``.
+
+Why: the training loss says little about serving. What a chain of drafts gets accepted is the drafter's
+top-1 hit rate per depth with the true tokens before it, on text the target writes and the drafter never
+saw; trtspec.train.ranks measures exactly that through the runtime's own drafter (on SmolLM2, EAGLE-3's
+measured depth-1 rate on held-out chat was 0.358 against 0.344 accepted when decoding). Measured on the
+training cache as well, the gap between the two shows a drafter that memorised its data: the remedy is
+more data, not more steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trtspec.train.cache import HiddenCache, build_cache
+from trtspec.train.ranks import measure_ranks
+
+#: calibration-style positions measured on the training cache for the comparison
+TRAIN_POSITIONS = 4000
+
+
+@dataclass
+class Acceptance:
+    """Top-1 hit rate per depth given every earlier depth hit (what a chain's node sees), over ``positions``."""
+
+    conditional: list[float]
+    positions: int
+
+    @property
+    def chain_length(self) -> float:
+        """Expected tokens per target step of a chain of len(conditional) drafts (the bonus token included)."""
+        total, alive = 1.0, 1.0
+        for p in self.conditional:
+            alive *= p
+            total += alive
+        return total
+
+    def describe(self) -> str:
+        per = " ".join(f"{p:.3f}" for p in self.conditional)
+        return f"top-1 per depth {per}, chain of {len(self.conditional)}: {self.chain_length:.2f} tokens/step"
+
+
+def acceptance(ranks: np.ndarray) -> Acceptance:
+    """Conditional top-1 rates from teacher-forced ranks [n, depth]."""
+    alive = np.ones(len(ranks), dtype=bool)
+    out = []
+    for d in range(ranks.shape[1]):
+        n = int(alive.sum())
+        hit = alive & (ranks[:, d] == 0)
+        out.append(float(hit.sum() / n) if n else 0.0)
+        alive = hit
+    return Acceptance(out, len(ranks))
+
+
+class _Columns:
+    """Rows of a memory-mapped array restricted to ``cols``, read only when sliced."""
+
+    def __init__(self, array, cols: np.ndarray):
+        self.array, self.cols = array, cols
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return np.asarray(self.array[rows])[:, self.cols]
+
+
+def _drafter_aux(drafter, cache: HiddenCache, target):
+    """The drafter's aux-layer states on ``cache``: the cache's own columns when it stores those layers
+    (EAGLE-3 training caches), else the side file (computed once, kept next to the cache)."""
+    if not drafter.aux_layers:
+        return None
+    layers = tuple(drafter.aux_layers)
+    if set(layers) <= set(cache.aux_layers):
+        cols = cache.aux_columns(layers)
+        return [_Columns(s.aux, cols) for s in cache.shards]
+    from trtspec.train.aux_cache import aux_features
+
+    return aux_features(cache, target, layers, progress=False)
+
+
+def evaluate_heads(
+    target_dir: Path,
+    heads: Path,
+    items: list[list[int]],
+    cache_dir: Path,
+    depth: int,
+    gen_tokens: int,
+    dtype: str,
+    train_cache: HiddenCache | None = None,
+) -> tuple[Acceptance, Acceptance | None]:
+    """(held-out, training) acceptance of the heads at ``heads``: ``items`` are held-out prompts whose
+    replies the target writes into ``cache_dir`` (resumable, like every cache)."""
+    from trtspec.dtypes import resolve_dtype
+    from trtspec.load import load_spec_model
+    from trtspec.runtime.generate import SpeculativeGenerator
+
+    choice = resolve_dtype(dtype)
+    spec = load_spec_model(target_dir, heads, tree="chain:1", dtype="float32")
+    gen = SpeculativeGenerator(spec, dtype=choice.dtype)
+    drafter = gen.drafter
+    if drafter.max_depth is not None:
+        depth = min(depth, drafter.max_depth)
+    build_cache(
+        spec.target, items, cache_dir, gen_tokens=gen_tokens, model=gen.target, dtype=choice.name, progress=False
+    )
+    held = HiddenCache(cache_dir, spec.target.fingerprint)
+    heldout = acceptance(measure_ranks(drafter, held, depth, aux=_drafter_aux(drafter, held, spec.target)))
+    train = None
+    if train_cache is not None:
+        ranks = measure_ranks(
+            drafter, train_cache, depth, TRAIN_POSITIONS, aux=_drafter_aux(drafter, train_cache, spec.target)
+        )
+        train = acceptance(ranks)
+    return heldout, train
