@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from trtspec.train.cache import HiddenCache, build_cache
-from trtspec.train.ranks import measure_ranks
+from trtspec.train.ranks import drafter_aux, measure_ranks
 
 #: calibration-style positions measured on the training cache for the comparison
 TRAIN_POSITIONS = 4000
@@ -55,30 +55,6 @@ def acceptance(ranks: np.ndarray) -> Acceptance:
     return Acceptance(out, len(ranks))
 
 
-class _Columns:
-    """Rows of a memory-mapped array restricted to ``cols``, read only when sliced."""
-
-    def __init__(self, array, cols: np.ndarray):
-        self.array, self.cols = array, cols
-
-    def __getitem__(self, rows: slice) -> np.ndarray:
-        return np.asarray(self.array[rows])[:, self.cols]
-
-
-def _drafter_aux(drafter, cache: HiddenCache, target):
-    """The drafter's aux-layer states on ``cache``: the cache's own columns when it stores those layers
-    (EAGLE-3 training caches), else the side file (computed once, kept next to the cache)."""
-    if not drafter.aux_layers:
-        return None
-    layers = tuple(drafter.aux_layers)
-    if set(layers) <= set(cache.aux_layers):
-        cols = cache.aux_columns(layers)
-        return [_Columns(s.aux, cols) for s in cache.shards]
-    from trtspec.train.aux_cache import aux_features
-
-    return aux_features(cache, target, layers, progress=False)
-
-
 def evaluate_heads(
     target_dir: Path,
     heads: Path,
@@ -105,11 +81,11 @@ def evaluate_heads(
         spec.target, items, cache_dir, gen_tokens=gen_tokens, model=gen.target, dtype=choice.name, progress=False
     )
     held = HiddenCache(cache_dir, spec.target.fingerprint)
-    heldout = acceptance(measure_ranks(drafter, held, depth, aux=_drafter_aux(drafter, held, spec.target)))
+    heldout = acceptance(measure_ranks(drafter, held, depth, aux=drafter_aux(drafter, held, spec.target)))
     train = None
     if train_cache is not None:
         ranks = measure_ranks(
-            drafter, train_cache, depth, TRAIN_POSITIONS, aux=_drafter_aux(drafter, train_cache, spec.target)
+            drafter, train_cache, depth, TRAIN_POSITIONS, aux=drafter_aux(drafter, train_cache, spec.target)
         )
         train = acceptance(ranks)
     return heldout, train

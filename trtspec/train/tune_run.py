@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trtspec.errors import UsageError
 from trtspec.train.cache import HiddenCache, build_cache
-from trtspec.train.ranks import check_measurable, measure_ranks
+from trtspec.train.ranks import check_measurable, drafter_aux, measure_ranks
 from trtspec.train.tune import build_tree, expected_length, path_probs_from_ranks, per_depth_topk
 from trtspec.tree import build_tree as tree_buffers
 from trtspec.tree import format_choices_json, format_choices_trtllm
@@ -92,12 +92,7 @@ def tune_on_cache(
     depth = depth or _default_depth(gen)
     if gen.drafter.max_depth is not None and depth > gen.drafter.max_depth:
         raise UsageError(f"--depth {depth} exceeds the {gen.drafter.max_depth} heads")
-    aux = None
-    if gen.drafter.aux_layers:  # EAGLE-3 and block drafters read the target's states at other layers
-        from trtspec.train.aux_cache import aux_features
-
-        aux = aux_features(cache, gen.spec.target, tuple(gen.drafter.aux_layers), progress=False)
-    ranks = measure_ranks(gen.drafter, cache, depth, aux=aux)
+    ranks = measure_ranks(gen.drafter, cache, depth, aux=drafter_aux(gen.drafter, cache, gen.spec.target))
     probs = path_probs_from_ranks(ranks, topk)
     table = per_depth_topk(ranks, topk)
     echo(
