@@ -72,14 +72,15 @@ def test_measured_logits_are_what_the_runtime_proposes(demo_paths, kind):
         seen.clear()
         out = gen.generate([prompt], GenerationConfig(max_new_tokens=NEW)).tokens[0]
         seq = prompt + out
-        logits = depth_logits(gen.drafter, _target_states(gen, seq), torch.tensor(seq), DEPTH, len(prompt) - 1)
+        first = len(prompt) - 1  # rows start at the prompt's last position (root: the first generated token)
+        logits = depth_logits(gen.drafter, _target_states(gen, seq), torch.tensor(seq), DEPTH, first)
         depths = range(1, DEPTH + 1) if kind == "dflash" else [1]
         best = {d: _to_target(gen, logits(d).argmax(-1)) for d in depths}
         r = len(prompt)  # the root's position: the first generated token
         for root, chain in seen:
             assert root == seq[r]
             for d in depths:
-                assert chain[d - 1] == best[d][r - 1], (kind, r, d)
+                assert chain[d - 1] == best[d][r - 1 - first], (kind, r, d)
             accepted = 0
             while accepted < len(chain) and r + accepted + 1 < len(seq) and chain[accepted] == seq[r + accepted + 1]:
                 accepted += 1

@@ -70,41 +70,39 @@ def rank_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, r, torch.full_like(r, -1))
 
 
-#: per depth, the drafter's logits [n-1, V'] at every position q = 0 .. n-2 (row q: root x_{q+1})
+#: per depth, the drafter's logits [n-1-first, V'] at positions q = first .. n-2 (row q: root x_{q+1})
 DepthLogits = Callable[[int], torch.Tensor]
 
 
-def _heads_logits(drafter, hidden: torch.Tensor, tokens: torch.Tensor, depth: int) -> DepthLogits:
-    n = len(tokens)
-    h = hidden[: n - 1].to(drafter.lm_head.dtype)
+def _heads_logits(drafter, hidden: torch.Tensor, tokens: torch.Tensor, first: int) -> DepthLogits:
+    h = hidden[first : len(tokens) - 1].to(drafter.lm_head.dtype)
     return lambda d: drafter.heads.heads[d - 1](h, drafter.lm_head).float()
 
 
-def _recurrent_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, depth: int) -> DepthLogits:
+def _recurrent_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, depth: int, first: int) -> DepthLogits:
     n = len(tokens)
     module = drafter.module
-    q = torch.arange(n - 1)
+    q = torch.arange(first, n - 1)
     if drafter.is_draft_model:  # a plain causal LM: depth d at q is its next-token logits at q + d
-        cache = module.new_cache(1, n)
-        hid, _ = module(tokens[None], torch.arange(n)[None], cache, causal_mask(n))
-        logits = module.logits(hid[0]).float()
-        return lambda d: logits[(q + d).clamp_max(n - 1)]
+        hid, _ = module(tokens[None], torch.arange(n)[None], module.new_cache(1, n), causal_mask(n))
+        return lambda d: module.logits(hid[0, (q + d).clamp_max(n - 1)]).float()
     dtype = next(module.parameters()).dtype
-    steps = [torch.where(q + s + 1 < n, tokens[(q + s + 1).clamp_max(n - 1)], 0)[None] for s in range(depth)]
-    res = unrolled(
+    qa = torch.arange(n - 1)  # the drafter attends to every committed position; logits are read from ``first``
+    steps = [torch.where(qa + s + 1 < n, tokens[(qa + s + 1).clamp_max(n - 1)], 0)[None] for s in range(depth)]
+    eye = torch.eye(drafter.embed.weight.shape[1], dtype=dtype)
+    res = unrolled(  # an identity "lm_head": step outputs stay narrow; the projection runs on rows >= first only
         module,
         drafter.embed.weight,
-        drafter.lm_head,
+        eye,
         features[None, : n - 1].to(dtype),
         steps,
         torch.zeros(1, dtype=torch.long),
         torch.ones(1, n - 1, dtype=torch.bool),
     )
-    return lambda d: res[d - 1][1][0].float()
+    return lambda d: module.head_logits(res[d - 1][0][0, first:], drafter.lm_head).float()
 
 
-def _block_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, depth: int, first: int) -> DepthLogits:
-    """Anchors p = q + 1 for q >= ``first`` only (rows below it are not measured)."""
+def _block_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, first: int) -> DepthLogits:
     from trtspec.models.heads import project
     from trtspec.train.block import block_mask
 
@@ -113,8 +111,8 @@ def _block_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, depth: 
     dtype = m.norm.weight.dtype
     positions = torch.arange(n)[None]
     prefix = m.context_kv(features[None].to(dtype), positions)
-    states = torch.zeros(n - 1, m.num_drafts, m.arch.hidden_size, dtype=dtype)
-    anchors = torch.arange(max(first, 0) + 1, n)
+    anchors = torch.arange(first + 1, n)  # p = q + 1
+    states = torch.zeros(len(anchors), m.num_drafts, m.arch.hidden_size, dtype=dtype)
     for s in range(0, len(anchors), BLOCK_ANCHORS):
         a = anchors[s : s + BLOCK_ANCHORS][None]
         A = a.shape[1]
@@ -123,8 +121,8 @@ def _block_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, depth: 
         pos = a.repeat_interleave(B, 1) + torch.arange(B).repeat(A)[None]
         mask = block_mask(a, positions, torch.ones(1, n, dtype=torch.bool), B)
         h = m.blocks(drafter.embed(ids), pos, prefix, mask)
-        states[a[0] - 1] = m.draft_states(h.view(A, B, -1))
-    q = torch.arange(n - 1)
+        states[s : s + A] = m.draft_states(h.view(A, B, -1))
+    q = anchors - 1
 
     def logits(d: int) -> torch.Tensor:
         out = project(states[:, d - 1], drafter.lm_head).float()
@@ -161,15 +159,15 @@ def drafter_aux(drafter, cache: HiddenCache, target):
 def depth_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, depth: int, first: int = 0) -> DepthLogits:
     """The drafter's teacher-forced logits on one sequence: ``tokens`` [n] (the true text), ``features``
     [n, F] the target's states there (its last hidden state, or its aux-layer states for a drafter that
-    reads them); rows q < ``first`` may be left unmeasured."""
+    reads them); rows from position ``first`` on (the target's reply: where serving drafts)."""
     from trtspec.drafters.block_proposer import BlockDrafter
     from trtspec.drafters.proposers import HeadsDrafter
 
     if isinstance(drafter, HeadsDrafter):
-        return _heads_logits(drafter, features, tokens, depth)
+        return _heads_logits(drafter, features, tokens, first)
     if isinstance(drafter, BlockDrafter):
-        return _block_logits(drafter, features, tokens, depth, first)
-    return _recurrent_logits(drafter, features, tokens, depth)
+        return _block_logits(drafter, features, tokens, first)
+    return _recurrent_logits(drafter, features, tokens, depth, first)
 
 
 @torch.no_grad()
@@ -198,8 +196,8 @@ def measure_ranks(
         features = torch.from_numpy(np.asarray(src, dtype=np.float32))
         first = max(cache.prompt_lengths[i] - 1, 0)  # only where the target wrote the text, as when serving
         logits_at = depth_logits(drafter, features, tokens, depth, first)
-        q = torch.arange(n - 1)
-        ranks = torch.full((n - 1, depth), -1, dtype=torch.long)
+        q = torch.arange(first, n - 1)
+        ranks = torch.full((len(q), depth), -1, dtype=torch.long)
         for d in range(1, depth + 1):
             logits = logits_at(d)
             if index is None:
@@ -207,8 +205,8 @@ def measure_ranks(
             t = q + d
             lab = torch.where(t < n, am[t.clamp_max(n - 1)], -1)
             ranks[:, d - 1] = rank_of(logits, torch.where(lab >= 0, index[lab.clamp_min(0)], -1))
-        rows.append(ranks.numpy()[first:])
-        total += n - 1 - first
+        rows.append(ranks.numpy())
+        total += len(q)
         if total >= max_positions:
             break
     if not rows:
