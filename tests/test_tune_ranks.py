@@ -19,7 +19,7 @@ from trtspec.models.llama import causal_mask
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 from trtspec.train.aux_cache import aux_features
 from trtspec.train.cache import HiddenCache, build_cache
-from trtspec.train.ranks import depth_logits, measure_ranks
+from trtspec.train.ranks import depth_logits, measure_ranks, ranks_by_sequence, simulated_length
 
 KINDS = ["medusa", "mtp-linear", "mtp-single", "eagle", "eagle3", "native-mtp", "draft-model", "dflash", "dspark"]
 PROMPTS = [[1, 40, 50, 60, 70], [5, 6, 7, 8, 9, 10, 11, 12], [3, 9]]
@@ -161,3 +161,59 @@ def test_cli_tune_tree_tunes_drafters_that_read_other_layers(demo_paths, kind, t
     assert "per-depth top-64 acceptance" in r.output
     for b in rep["budgets"]:  # a random drafter hits few paths: the tree holds the ones it hit
         assert 1 <= len(b["choices"]) <= b["nodes"] and b["identical_to_plain"] is True
+
+
+def test_simulated_length_walks_the_text_as_decoding_does():
+    """Steps skip what they accept: from a root, the deepest tree path the ranks start with, plus the
+    bonus token; never past the end of the text."""
+    ranks = [np.array([[1, 0], [0, 0], [0, 0], [0, 0]])]
+    assert simulated_length(ranks, [(0,)]) == pytest.approx(4 / 3)  # roots 0, 1, 3
+    assert simulated_length(ranks, [(0,), (1,)]) == pytest.approx(2.0)  # roots 0, 2
+    assert simulated_length(ranks, [(0,), (1,), (1, 0)]) == pytest.approx(4 / 2)  # root 0 takes (1, 0), root 3
+    assert simulated_length([np.array([[5, 5]])], [(0,)]) == 1.0
+
+
+def test_simulated_length_is_what_decoding_gets(demo_paths, tmp_path):
+    """A draft model that agrees with the target only part of the time (the target's weights, perturbed):
+    the length simulated from its ranks on a cache of the target's replies is the tokens per step that
+    chain decoding of the same prompts measures, where the mean over positions of 1 + sum P(node)
+    is not."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from trtspec.train.tune import expected_length, path_probs_from_ranks
+
+    draft = tmp_path / "draft"
+    shutil.copytree(demo_paths["target"], draft)
+    weights = load_file(str(draft / "model.safetensors"))
+    g = torch.Generator().manual_seed(0)
+    noisy = {k: v + 0.1 * v.std() * torch.randn(v.shape, generator=g) for k, v in weights.items()}
+    save_file(noisy, str(draft / "model.safetensors"), metadata={"format": "pt"})
+    spec = load_spec_model(demo_paths["target"], draft, tree=f"chain:{DEPTH}", dtype="float32")
+    gen = SpeculativeGenerator(spec, dtype=torch.float32)
+    prompts = [[1 + (7 * i + j) % 90 for j in range(3 + i % 5)] for i in range(8)]
+    build_cache(spec.target, prompts, tmp_path / "c", gen_tokens=40, batch_size=1, progress=False)
+    decoded = 30  # fewer than cached: the last step's drafts have their labels
+    cache = HiddenCache(tmp_path / "c")
+    sequences = ranks_by_sequence(gen.drafter, cache, DEPTH)
+    assert len(sequences) == len(cache.sequences)
+    chain = [(0,) * d for d in range(1, DEPTH + 1)]
+    tokens = steps = 0
+    kept = []
+    for i in range(len(cache.sequences)):
+        seq = np.asarray(cache.sequence(i)["tokens"]).tolist()
+        prompt = seq[: cache.prompt_lengths[i]]
+        if len(seq) - len(prompt) <= decoded:  # the target ended its reply (eos) early: not this test's walk
+            continue
+        m = gen.generate([prompt], GenerationConfig(max_new_tokens=decoded)).metrics
+        tokens += m.accepted_draft_tokens + m.sequence_steps
+        steps += m.sequence_steps
+        kept.append(sequences[i])
+    assert len(kept) >= 5
+    measured = tokens / steps
+    simulated = simulated_length(kept, chain, limit=decoded)
+    mean = expected_length(path_probs_from_ranks(np.concatenate(kept), 1), chain)
+    assert 1.2 < measured < DEPTH + 0.5, measured  # the draft is right part of the time
+    assert simulated == pytest.approx(measured, abs=1e-9), (simulated, measured, mean)
+    assert mean > measured + 0.05  # what the position mean would have promised

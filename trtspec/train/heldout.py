@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from trtspec.train.cache import HiddenCache, build_cache
-from trtspec.train.ranks import drafter_aux, measure_ranks
+from trtspec.train.ranks import drafter_aux, ranks_by_sequence, simulated_length
 
 #: calibration-style positions measured on the training cache for the comparison
 TRAIN_POSITIONS = 4000
@@ -24,27 +24,22 @@ TRAIN_POSITIONS = 4000
 
 @dataclass
 class Acceptance:
-    """Top-1 hit rate per depth given every earlier depth hit (what a chain's node sees), over ``positions``."""
+    """Top-1 hit rate per depth given every earlier depth hit (what a chain's node sees), over ``positions``,
+    and the tokens per target step greedy decoding with a chain of len(conditional) drafts gets on that
+    text (``ranks.simulated_length``; the bonus token included)."""
 
     conditional: list[float]
     positions: int
-
-    @property
-    def chain_length(self) -> float:
-        """Expected tokens per target step of a chain of len(conditional) drafts (the bonus token included)."""
-        total, alive = 1.0, 1.0
-        for p in self.conditional:
-            alive *= p
-            total += alive
-        return total
+    chain_length: float
 
     def describe(self) -> str:
         per = " ".join(f"{p:.3f}" for p in self.conditional)
         return f"top-1 per depth {per}, chain of {len(self.conditional)}: {self.chain_length:.2f} tokens/step"
 
 
-def acceptance(ranks: np.ndarray) -> Acceptance:
-    """Conditional top-1 rates from teacher-forced ranks [n, depth]."""
+def acceptance(sequences: list[np.ndarray]) -> Acceptance:
+    """From teacher-forced ranks per sequence [m_i, depth] (``ranks.ranks_by_sequence``)."""
+    ranks = np.concatenate(sequences)
     alive = np.ones(len(ranks), dtype=bool)
     out = []
     for d in range(ranks.shape[1]):
@@ -52,7 +47,8 @@ def acceptance(ranks: np.ndarray) -> Acceptance:
         hit = alive & (ranks[:, d] == 0)
         out.append(float(hit.sum() / n) if n else 0.0)
         alive = hit
-    return Acceptance(out, len(ranks))
+    chain = [(0,) * d for d in range(1, ranks.shape[1] + 1)]
+    return Acceptance(out, len(ranks), simulated_length(sequences, chain))
 
 
 def evaluate_heads(
@@ -81,11 +77,9 @@ def evaluate_heads(
         spec.target, items, cache_dir, gen_tokens=gen_tokens, model=gen.target, dtype=choice.name, progress=False
     )
     held = HiddenCache(cache_dir, spec.target.fingerprint)
-    heldout = acceptance(measure_ranks(drafter, held, depth, aux=drafter_aux(drafter, held, spec.target)))
+    heldout = acceptance(ranks_by_sequence(drafter, held, depth, aux=drafter_aux(drafter, held, spec.target)))
     train = None
     if train_cache is not None:
-        ranks = measure_ranks(
-            drafter, train_cache, depth, TRAIN_POSITIONS, aux=drafter_aux(drafter, train_cache, spec.target)
-        )
-        train = acceptance(ranks)
+        aux = drafter_aux(drafter, train_cache, spec.target)
+        train = acceptance(ranks_by_sequence(drafter, train_cache, depth, TRAIN_POSITIONS, aux))
     return heldout, train

@@ -180,21 +180,34 @@ def measure_ranks(
 ) -> np.ndarray:
     """[n, depth] true-token ranks per calibration position (the target's replies only) for a runtime
     drafter on a cache of the target's own text. ``aux``: per cache shard, the target's states entering
-    the drafter's ``aux_layers`` (trtspec.train.aux_cache.aux_features), needed when it has any."""
+    the drafter's ``aux_layers`` (``drafter_aux``), needed when it has any."""
+    return np.concatenate(ranks_by_sequence(drafter, cache, depth, max_positions, aux))[:max_positions]
+
+
+@torch.no_grad()
+def ranks_by_sequence(
+    drafter,
+    cache: HiddenCache,
+    depth: int,
+    max_positions: int = 20000,
+    aux: list[np.ndarray] | None = None,
+) -> list[np.ndarray]:
+    """``measure_ranks`` per cached sequence: [m_i, depth], row j for the root at position prompt length
+    + j (what ``simulated_length`` walks through as decoding would)."""
     check_measurable(drafter)
     if drafter.aux_layers and aux is None:
-        raise ValueError("this drafter reads target layers: pass their states (aux_features)")
+        raise ValueError("this drafter reads target layers: pass their states (drafter_aux)")
     vocab = int(cache.meta["vocab_size"])
     rows, total, index = [], 0, None
     for i, (shard, start, n) in enumerate(cache.sequences):
-        if n < 2:
+        first = max(cache.prompt_lengths[i] - 1, 0)  # only where the target wrote the text, as when serving
+        if n - 1 - first < 1:
             continue
         seq = cache.sequence(i)
         tokens = torch.from_numpy(np.asarray(seq["tokens"], dtype=np.int64))
         am = torch.from_numpy(np.asarray(seq["argmax"], dtype=np.int64))
         src = aux[shard][start : start + n] if drafter.aux_layers else seq["hidden"]
         features = torch.from_numpy(np.asarray(src, dtype=np.float32))
-        first = max(cache.prompt_lengths[i] - 1, 0)  # only where the target wrote the text, as when serving
         logits_at = depth_logits(drafter, features, tokens, depth, first)
         q = torch.arange(first, n - 1)
         ranks = torch.full((len(q), depth), -1, dtype=torch.long)
@@ -210,5 +223,33 @@ def measure_ranks(
         if total >= max_positions:
             break
     if not rows:
-        raise UsageError("the calibration cache holds no sequence of two tokens or more")
-    return np.concatenate(rows)[:max_positions]
+        raise UsageError("the calibration cache holds no reply of two tokens or more")
+    return rows
+
+
+def simulated_length(sequences: list[np.ndarray], choices, limit: int | None = None) -> float:
+    """Tokens per target step that greedy decoding with the static tree ``choices`` gets on the measured
+    text: from each root, the deepest tree path its ranks start with is accepted, plus the bonus token,
+    and the next root is the token after them. ``limit``: decode that many new tokens per sequence (as
+    ``max_new_tokens``; the last step's drafts count in full, as the runtime counts them); None: to
+    the end of each text.
+
+    Why not the mean over positions of 1 + sum P(node): steps skip the positions they accept, so
+    predictable stretches take fewer steps than positions, and that mean runs high wherever acceptance
+    varies along the text. (The tree builder maximises it: for one position it is the right objective.)"""
+    nodes = {tuple(int(r) for r in c) for c in choices}
+    depth = max((len(c) for c in nodes), default=0)
+    steps = tokens = 0
+    for ranks in sequences:
+        end = len(ranks) if limit is None else min(len(ranks), limit - 1)  # root j is new token j + 1
+        j = 0
+        while j < end:
+            accepted = 0
+            while accepted < min(depth, ranks.shape[1]) and tuple(int(r) for r in ranks[j, : accepted + 1]) in nodes:
+                accepted += 1
+            if limit is None:
+                accepted = min(accepted, len(ranks) - 1 - j)  # not past the end of the text
+            steps += 1
+            tokens += accepted + 1
+            j += accepted + 1
+    return tokens / steps if steps else 1.0

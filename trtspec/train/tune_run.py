@@ -11,9 +11,11 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
 from trtspec.errors import UsageError
 from trtspec.train.cache import HiddenCache, build_cache
-from trtspec.train.ranks import check_measurable, drafter_aux, measure_ranks
+from trtspec.train.ranks import check_measurable, drafter_aux, ranks_by_sequence, simulated_length
 from trtspec.train.tune import build_tree, expected_length, path_probs_from_ranks, per_depth_topk
 from trtspec.tree import build_tree as tree_buffers
 from trtspec.tree import format_choices_json, format_choices_trtllm
@@ -92,7 +94,8 @@ def tune_on_cache(
     depth = depth or _default_depth(gen)
     if gen.drafter.max_depth is not None and depth > gen.drafter.max_depth:
         raise UsageError(f"--depth {depth} exceeds the {gen.drafter.max_depth} heads")
-    ranks = measure_ranks(gen.drafter, cache, depth, aux=drafter_aux(gen.drafter, cache, gen.spec.target))
+    sequences = ranks_by_sequence(gen.drafter, cache, depth, aux=drafter_aux(gen.drafter, cache, gen.spec.target))
+    ranks = np.concatenate(sequences)
     probs = path_probs_from_ranks(ranks, topk)
     table = per_depth_topk(ranks, topk)
     echo(
@@ -114,7 +117,8 @@ def tune_on_cache(
             "choices": [list(c) for c in choices],
             "choices_json": format_choices_json(choices),
             "choices_trtllm": format_choices_trtllm(choices),
-            "expected": expected_length(probs, choices),
+            "expected": simulated_length(sequences, choices),
+            "position_mean": expected_length(probs, choices),
         }
         row.update(measured.get(n, {}))
         results[n] = row
