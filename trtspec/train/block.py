@@ -95,6 +95,24 @@ def block_mask(anchor: torch.Tensor, ctx_pos: torch.Tensor, ctx_valid: torch.Ten
     return torch.cat([sees_ctx, own[None].expand(S, -1, -1)], -1)[:, None]
 
 
+def anchored_states(
+    module: nn.Module,
+    emb: torch.Tensor,
+    anchor: torch.Tensor,
+    prefix: list[tuple[torch.Tensor, torch.Tensor]],
+    ctx_pos: torch.Tensor,
+    ctx_valid: torch.Tensor,
+) -> torch.Tensor:
+    """Draft states [S, A, D, H] of A blocks per row whose embedded tokens ``emb`` [S, A*B, H] start at
+    ``anchor`` [S, A] (-1: no block), over the context keys/values ``prefix`` at ``ctx_pos`` [S, T]
+    (used where ``ctx_valid``): block k sees the context before its anchor and itself (``block_mask``)."""
+    S, A = anchor.shape
+    B = module.block_size
+    pos = anchor.clamp_min(0).repeat_interleave(B, 1) + torch.arange(B, device=anchor.device).repeat(A)[None]
+    h = module.blocks(emb, pos, prefix, block_mask(anchor, ctx_pos, ctx_valid, B))
+    return module.draft_states(h.view(S, A, B, -1))
+
+
 class BlockLoss(nn.Module):
     """One forward = the whole step's loss (so DDP sees one graph); returns (loss, per-draft CE sums,
     per-draft label counts) like the trainer's other losses.
@@ -122,16 +140,13 @@ class BlockLoss(nn.Module):
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         m = self.module
-        B, D = m.block_size, m.num_drafts
+        D = m.num_drafts
         anchor = batch["anchor"]
-        S, A = anchor.shape
         prefix = m.context_kv(batch["ctx"], batch["ctx_pos"])
-        pos = anchor.clamp_min(0).repeat_interleave(B, 1) + torch.arange(B, device=anchor.device).repeat(A)[None]
-        mask = block_mask(anchor, batch["ctx_pos"], batch["ctx_valid"], B)
-        h = m.blocks(F.embedding(batch["tokens"], self.embed), pos, prefix, mask)
-        z = m.draft_states(h.view(S, A, B, -1))  # [S, A, D, H]
+        emb = F.embedding(batch["tokens"], self.embed)
+        z = anchored_states(m, emb, anchor, prefix, batch["ctx_pos"], batch["ctx_valid"])  # [S, A, D, H]
         markov = getattr(m, "markov_head", None)
-        total = h.new_zeros(())
+        total = z.new_zeros(())
         losses, counts = [], []
         for i in range(D):
             lab = batch["labels"][:, :, i].reshape(-1)

@@ -17,6 +17,7 @@ import numpy as np
 
 from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.ranks import drafter_aux, ranks_by_sequence, simulated_length
+from trtspec.train.tune import per_depth_topk
 
 #: calibration-style positions measured on the training cache for the comparison
 TRAIN_POSITIONS = 4000
@@ -40,15 +41,9 @@ class Acceptance:
 def acceptance(sequences: list[np.ndarray]) -> Acceptance:
     """From teacher-forced ranks per sequence [m_i, depth] (``ranks.ranks_by_sequence``)."""
     ranks = np.concatenate(sequences)
-    alive = np.ones(len(ranks), dtype=bool)
-    out = []
-    for d in range(ranks.shape[1]):
-        n = int(alive.sum())
-        hit = alive & (ranks[:, d] == 0)
-        out.append(float(hit.sum() / n) if n else 0.0)
-        alive = hit
+    conditional = [row[0] for row in per_depth_topk(ranks, 1)]
     chain = [(0,) * d for d in range(1, ranks.shape[1] + 1)]
-    return Acceptance(out, len(ranks), simulated_length(sequences, chain))
+    return Acceptance(conditional, len(ranks), simulated_length(sequences, chain))
 
 
 def evaluate_heads(

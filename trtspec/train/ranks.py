@@ -104,13 +104,14 @@ def _recurrent_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, dep
 
 def _block_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, first: int) -> DepthLogits:
     from trtspec.models.heads import project
-    from trtspec.train.block import block_mask
+    from trtspec.train.block import anchored_states
 
     m = drafter.module
     n, B = len(tokens), m.block_size
     dtype = m.norm.weight.dtype
     positions = torch.arange(n)[None]
     prefix = m.context_kv(features[None].to(dtype), positions)
+    valid = torch.ones(1, n, dtype=torch.bool)
     anchors = torch.arange(first + 1, n)  # p = q + 1
     states = torch.zeros(len(anchors), m.num_drafts, m.arch.hidden_size, dtype=dtype)
     for s in range(0, len(anchors), BLOCK_ANCHORS):
@@ -118,10 +119,7 @@ def _block_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, first: 
         A = a.shape[1]
         ids = torch.full((1, A * B), m.mask_token_id, dtype=torch.long)
         ids[0, ::B] = tokens[a[0]]
-        pos = a.repeat_interleave(B, 1) + torch.arange(B).repeat(A)[None]
-        mask = block_mask(a, positions, torch.ones(1, n, dtype=torch.bool), B)
-        h = m.blocks(drafter.embed(ids), pos, prefix, mask)
-        states[s : s + A] = m.draft_states(h.view(A, B, -1))
+        states[s : s + A] = anchored_states(m, drafter.embed(ids), a, prefix, positions, valid)[0]
     q = anchors - 1
 
     def logits(d: int) -> torch.Tensor:
