@@ -207,7 +207,8 @@ def test_each_request_asks_its_own_depth_and_the_batch_verifies_the_deepest(tiny
 def test_training_batches_align_with_serving(tiny, tmp_path):
     """The aux side file holds the target's states at the drafter's layers for every cached position, and
     a block batch puts draft i of anchor p on the target's choice for position p+i+1 (a_{p+i}), with
-    x_{p+i} as the token before it, the context being the positions before p only."""
+    x_{p+i} as the token before it and the target's top-k there (led by that choice), the context being
+    the positions before p only."""
     import numpy as np
 
     from trtspec.train.aux_cache import aux_features
@@ -217,7 +218,7 @@ def test_training_batches_align_with_serving(tiny, tmp_path):
 
     target = tiny["target"]
     items = [[5, 9, 17, 3], [60, 61, 62, 63, 64], [2, 40, 2]]
-    build_cache(target, items, tmp_path / "cache", gen_tokens=10, batch_size=2, progress=False)
+    build_cache(target, items, tmp_path / "cache", gen_tokens=10, topk=3, batch_size=2, progress=False)
     cache = HiddenCache(tmp_path / "cache")
     layers = (1, target.arch.num_hidden_layers)
     aux = aux_features(cache, target, layers, progress=False)
@@ -229,7 +230,7 @@ def test_training_batches_align_with_serving(tiny, tmp_path):
     got = torch.from_numpy(np.asarray(aux[si][a : a + n], dtype=np.float32))
     assert torch.allclose(got, torch.cat(ref, -1)[0], atol=2e-2)
     wins = windows(cache, 512)
-    batch = block_batch(cache, aux, wins, np.array([1]), 4, 4, 95, seed=0, step=0)
+    batch = block_batch(cache, aux, wins, np.array([1]), 4, 4, 95, seed=0, step=0, want_topk=True)
     seq = cache.sequence(wins[1][0])
     plen = cache.prompt_lengths[wins[1][0]]
     for k, p in enumerate(batch["anchor"][0].tolist()):
@@ -243,9 +244,13 @@ def test_training_batches_align_with_serving(tiny, tmp_path):
             assert lab == (int(seq["argmax"][p + i]) if p + i < len(seq["tokens"]) else -1)
             if lab >= 0:
                 assert int(batch["prev"][0, k, i]) == int(seq["tokens"][p + i])
+                assert batch["topk_ids"][0, k, i].tolist() == seq["topk_ids"][p + i].tolist()
+                assert int(batch["topk_ids"][0, k, i, 0]) == lab
+            else:
+                assert (batch["topk_logits"][0, k, i] <= -1e4).all()  # padding carries no weight
 
 
-def test_cli_trains_a_block_drafter_and_refuses_soft_labels(tmp_path):
+def test_cli_trains_a_block_drafter_with_and_without_soft_labels(tmp_path):
     from click.testing import CliRunner
 
     from trtspec.cli import main
@@ -262,9 +267,12 @@ def test_cli_trains_a_block_drafter_and_refuses_soft_labels(tmp_path):
     assert r.exit_code == 0, r.output
     spec = load_spec_model(tdir, tmp_path / "h")
     assert spec.drafter.kind == KIND and spec.drafter.config["block_size"] == 6 and spec.tree.depth == 5
-    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "s"), "--topk", "4", "--soft-weight", "0.3"])
-    assert r.exit_code == 2 and "error:" in r.output and "--soft-weight" in r.output and "Traceback" not in r.output
-    assert not (tmp_path / "s").exists()
+    soft = [*args, "--num-heads", "5", "--batch-tokens", "64", "--topk", "4", "--soft-weight", "0.3"]
+    r = CliRunner().invoke(main, [*soft, "-o", str(tmp_path / "s"), "--cache", str(tmp_path / "sc")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, [*soft, "-o", str(tmp_path / "n"), "--cache", str(tmp_path / "nc"), "--topk", "0"])
+    assert r.exit_code == 2 and "error:" in r.output and "--topk" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "n").exists()
 
 
 def test_block_training_resumes_bit_identically(tiny, tmp_path):
@@ -298,3 +306,38 @@ def test_dspark_saves_for_a_tied_embedding_target(tmp_path):
     target = load_hf_causal_lm(tdir)
     out = save_heads("dspark", make_module("dspark", target, 3), target, tmp_path / "spark", {})
     assert load_spec_model(tdir, out).drafter.kind == "dspark"
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_soft_labels_mix_the_targets_top_k_into_the_block_loss(tiny, tmp_path, kind):
+    """The block loss is linear in its target weights: at soft weight w it is (1 - w) x the hard-label
+    loss + w x the loss against the target's cached top-k alone, with or without a Markov head; at w = 0
+    a batch carrying top-k trains exactly as one without."""
+    import numpy as np
+
+    from trtspec.train.aux_cache import aux_features
+    from trtspec.train.block import BlockLoss, block_batch
+    from trtspec.train.cache import HiddenCache, build_cache
+    from trtspec.train.heads import make_module
+    from trtspec.train.trainer import shared_weights, windows
+
+    target = tiny["target"]
+    items = [[5, 9, 17, 3], [60, 61, 62, 63, 64], [2, 40, 2]]
+    build_cache(target, items, tmp_path / "cache", gen_tokens=12, topk=4, batch_size=2, progress=False)
+    cache = HiddenCache(tmp_path / "cache")
+    module = make_module(kind, target, num_heads=3)
+    aux = aux_features(cache, target, module.aux_layers, progress=False)
+    wins = windows(cache, 512)
+    ids = np.arange(len(wins))
+    args = (cache, aux, wins, ids, module.block_size, module.num_drafts, module.mask_token_id, 0, 0)
+    plain, soft = block_batch(*args), block_batch(*args, want_topk=True)
+    embed, lm = shared_weights(target, torch.float32)
+
+    def loss(batch: dict, w: float) -> torch.Tensor:
+        with torch.no_grad():
+            return BlockLoss(module, embed, lm, 0.8, confidence_weight=0.0, soft_weight=w)(batch)[1].sum()
+
+    hard, only_topk, mixed = loss(soft, 0.0), loss(soft, 1.0), loss(soft, 0.3)
+    assert torch.allclose(hard, loss(plain, 0.0))
+    assert not torch.allclose(hard, only_topk)
+    assert torch.allclose(mixed, 0.7 * hard + 0.3 * only_topk, rtol=1e-4)

@@ -42,10 +42,12 @@ def block_batch(
     seed: int,
     step: int,
     generated_only: bool = True,
+    want_topk: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Windows ``ids`` of ``wins`` (sequence, first position, length) with up to ANCHORS anchors each,
     drawn by a generator seeded with (seed, step) so a resumed run sees the same batch. Anchor p needs
-    a context (p > window start) and, with ``generated_only``, lies in the target's reply."""
+    a context (p > window start) and, with ``generated_only``, lies in the target's reply. ``want_topk``:
+    also each draft's cached top-k of the target (``topk_ids``/``topk_logits`` [S, A, D, k])."""
     sel = [wins[int(i)] for i in ids]
     S, T = len(sel), max(w[2] for w in sel)
     B, A, D = block_size, ANCHORS, num_drafts
@@ -57,6 +59,9 @@ def block_batch(
     tokens = np.full((S, A * B), mask_token_id, dtype=np.int64)
     labels = np.full((S, A, D), -1, dtype=np.int64)  # draft i: the target's choice for position p+i+1
     prev = np.zeros((S, A, D), dtype=np.int64)  # the token before draft i's position (x_{p+i})
+    k_top = cache.shards[0].topk_ids.shape[1] if want_topk else 0
+    topk_ids = np.zeros((S, A, D, k_top), dtype=np.int64)
+    topk_logits = np.full((S, A, D, k_top), -1e4, dtype=np.float32)  # padding: no weight
     rng = np.random.default_rng([seed, step])
     for s, (qi, a, m) in enumerate(sel):
         shard_i, start, n = cache.sequences[qi]
@@ -75,7 +80,10 @@ def block_batch(
             last = min(p + D, n)  # a_{p+i} for positions p+i+1, i = 0 .. D-1, within the sequence
             labels[s, k, : last - p] = seq["argmax"][p:last]
             prev[s, k, : last - p] = seq["tokens"][p:last]
-    return {
+            if want_topk:
+                topk_ids[s, k, : last - p] = seq["topk_ids"][p:last]
+                topk_logits[s, k, : last - p] = seq["topk_logits"][p:last]
+    out = {
         "ctx": torch.from_numpy(ctx),
         "ctx_pos": torch.from_numpy(ctx_pos),
         "ctx_valid": torch.from_numpy(ctx_valid),
@@ -84,6 +92,9 @@ def block_batch(
         "labels": torch.from_numpy(labels),
         "prev": torch.from_numpy(prev),
     }
+    if want_topk:
+        out["topk_ids"], out["topk_logits"] = torch.from_numpy(topk_ids), torch.from_numpy(topk_logits)
+    return out
 
 
 def block_mask(anchor: torch.Tensor, ctx_pos: torch.Tensor, ctx_valid: torch.Tensor, B: int) -> torch.Tensor:
@@ -121,7 +132,9 @@ class BlockLoss(nn.Module):
     logits (teacher forcing, as DeepSpec trains it); one with a confidence head (``confidence``) also
     learns, by binary cross-entropy weighted like the drafts, whether its draft's top-1 equals the
     target's choice (greedy acceptance given the true prefix). ``label_ids``: the vocabulary rows of
-    ``lm_head`` when it is restricted (train-heads --label-vocab cache)."""
+    ``lm_head`` when it is restricted (train-heads --label-vocab cache). With ``soft_weight`` > 0 and a
+    batch carrying the target's top-k, each draft's target mixes the hard label with the target's top-k
+    distribution (DFlash's self-distillation on the target's logits, truncated to the cached top-k)."""
 
     def __init__(
         self,
@@ -131,9 +144,11 @@ class BlockLoss(nn.Module):
         step_decay: float,
         label_ids: torch.Tensor | None = None,
         confidence_weight: float = CONFIDENCE_WEIGHT,
+        soft_weight: float = 0.0,
     ):
         super().__init__()
         self.module, self.step_decay, self.confidence_weight = module, step_decay, confidence_weight
+        self.soft_weight = soft_weight
         self.register_buffer("embed", embed, persistent=False)
         self.register_buffer("lm_head", lm_head, persistent=False)
         self.label_ids = label_ids
@@ -154,8 +169,13 @@ class BlockLoss(nn.Module):
             zi = z[:, :, i].reshape(-1, z.shape[-1])
             prev = batch["prev"][:, :, i].reshape(-1)
             weight = self.step_decay**i
-            if markov is None:
+            if "topk_ids" in batch:
+                tk = batch["topk_ids"][:, :, i].reshape(lab.shape[0], -1)
+                tv = batch["topk_logits"][:, :, i].reshape(lab.shape[0], -1)
+                idx, w = targets(lab, valid, tk, tv, self.soft_weight)
+            else:
                 idx, w = targets(lab, valid)
+            if markov is None:
                 ce = sparse_ce(zi, self.lm_head, idx, w)
                 logits = None
             else:
@@ -163,7 +183,7 @@ class BlockLoss(nn.Module):
                 if self.label_ids is not None:
                     bias = bias[:, self.label_ids]
                 logits = F.linear(zi.to(self.lm_head.dtype), self.lm_head).float() + bias.float()
-                ce = (F.cross_entropy(logits, lab.clamp_min(0), reduction="none") * valid).sum()
+                ce = (torch.logsumexp(logits, -1) * w.sum(1) - (logits.gather(1, idx) * w).sum(1)).sum()
             n = valid.sum().clamp_min(1)
             total = total + weight * ce / n
             conf = m.confidence(zi, prev) if hasattr(m, "confidence") else None

@@ -437,8 +437,6 @@ def train(
     linear = kind_recipe.style == "heads"
     block = kind_recipe.style == "block"  # a block drafter: many anchors per window, context from aux layers
     want_topk = cfg.soft_weight > 0
-    if want_topk and block:
-        raise UsageError("--soft-weight is not used by block drafters; train them with --soft-weight 0")
     if want_topk and not cache.has_topk:
         raise UsageError("--soft-weight needs a cache built with --topk > 0")
     if linear:
@@ -463,7 +461,7 @@ def train(
     wrapper: nn.Module = (
         LinearLoss(module, lm, cfg)
         if linear
-        else BlockLoss(module, embed, lm, cfg.step_decay, label_ids)
+        else BlockLoss(module, embed, lm, cfg.step_decay, label_ids, soft_weight=cfg.soft_weight)
         if block
         else RecurrentLoss(
             module, embed, lm, cfg, kind_recipe.feature_regression, own_vocab=kind_recipe.prepare is not None
@@ -552,6 +550,7 @@ def train(
                     cfg.seed,
                     step,
                     cfg.train_on == "generated",
+                    want_topk,
                 )
             else:
                 batch = recurrent_batch(cache, wins, ids, cfg.unroll, want_topk, cfg.train_on == "generated", aux_cols)
