@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from trtspec.cli import main
+from trtspec.errors import CheckpointError
 from trtspec.load import load_spec_model
 from trtspec.train.tune import (
     brute_force_best,
@@ -20,7 +22,8 @@ from trtspec.train.tune import (
     path_probs_from_ranks,
     per_depth_topk,
 )
-from trtspec.tree import parse_choices
+from trtspec.train.tune_run import record_tree
+from trtspec.tree import TREE_FILE, parse_choices
 
 
 def test_known_optimal_trees_for_small_budgets():
@@ -149,3 +152,32 @@ def test_cli_tune_tree_refuses_drafters_it_cannot_measure(kind, demo_paths, tmp_
         main, ["tune-tree", "-t", str(demo_paths["target"]), "-H", str(demo_paths[kind]), "-d", str(data)]
     )
     assert r.exit_code == 2 and "error:" in r.output and "--tree" in r.output and "cache:" not in r.output, r.output
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "dspark", "medusa"])
+def test_a_tree_recorded_beside_any_format_is_the_default(kind, demo_paths, tmp_path):
+    """tune-tree --write-heads records beside heads of any format (their public layouts have no tree
+    field): the loader takes it as the default tree, --tree still overrides it, and the heads' own
+    files are untouched."""
+    heads = shutil.copytree(demo_paths[kind], tmp_path / kind)
+    before = {p.name: p.read_bytes() for p in heads.iterdir()}
+    default = load_spec_model(demo_paths["target"], heads).tree.choices
+    tuned = [[0], [1], [0, 0]]
+    written = record_tree(heads, tuned)
+    assert written == heads / TREE_FILE
+    assert {p.name: p.read_bytes() for p in heads.iterdir() if p.name != TREE_FILE} == before
+    assert [list(c) for c in load_spec_model(demo_paths["target"], heads).tree.choices] == tuned != default
+    assert load_spec_model(demo_paths["target"], heads, tree="chain:2").tree.choices == ((0,), (0, 0))
+
+
+def test_a_bad_recorded_tree_is_one_error_naming_the_file(demo_paths, tmp_path):
+    heads = shutil.copytree(demo_paths["dflash"], tmp_path / "dflash")  # a block of 4: 3 drafts deep
+    (heads / TREE_FILE).write_text(json.dumps({"tree_choices": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]}))
+    with pytest.raises(CheckpointError, match="deeper than the 3 dflash drafts") as e:
+        load_spec_model(demo_paths["target"], heads)
+    assert str(heads / TREE_FILE) in str(e.value)
+    (heads / TREE_FILE).write_text("{not json")
+    r = CliRunner().invoke(
+        main, ["generate", "-t", str(demo_paths["target"]), "-H", str(heads), "-p", "hi", "--max-new-tokens", "2"]
+    )
+    assert r.exit_code != 0 and "error:" in r.output and TREE_FILE in r.output and "Traceback" not in r.output

@@ -13,7 +13,7 @@ from trtspec.dtypes import DtypeError, parse_dtype, resolve_dtype
 from trtspec.errors import CheckpointError, UsageError
 from trtspec.parallel import Mapping
 from trtspec.spec import DrafterSpec, SpecModel, TargetSpec, TreeSpec
-from trtspec.tree import DEFAULT_CHOICES, normalize_choices, parse_choices
+from trtspec.tree import DEFAULT_CHOICES, normalize_choices, parse_choices, read_recorded_tree, tree_file
 
 __all__ = ["drafter_inside", "load_drafter", "load_spec_model", "load_tokenizer", "resolve_tree"]
 
@@ -70,11 +70,21 @@ def _model_free(drafter: DrafterSpec, heads_format: str | None, draft_vocab: int
 
 
 def resolve_tree(tree, drafter: DrafterSpec | None) -> TreeSpec:
-    """Tree choices from the user, else the heads' own recorded tree, else a default that fits the drafter."""
+    """Tree choices from the user, else a tuned tree recorded beside the heads (``TREE_FILE``), else the
+    heads' own tree (their format's field), else a default that fits the drafter."""
     if drafter is None:
         return TreeSpec(())
     limit = registry.get(drafter.kind).max_tree_depth(drafter)  # a static tree deeper than the heads cannot be filled
     if tree is None:
+        tuned = read_recorded_tree(drafter.path) if Path(drafter.path).exists() else None
+        if tuned is not None:
+            if limit is not None and max(len(c) for c in tuned) > limit:
+                raise CheckpointError(
+                    f"recorded tree is deeper than the {limit} {drafter.kind} drafts",
+                    tree_file(drafter.path),
+                    "delete it, or re-run tune-tree --write-heads for these heads",
+                )
+            return TreeSpec(tuned)
         recorded = drafter.config.get("tree_choices")
         if recorded:
             return TreeSpec(normalize_choices(recorded))

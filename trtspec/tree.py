@@ -10,11 +10,17 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from trtspec.errors import UsageError
+from trtspec.errors import CheckpointError, UsageError
+
+#: a tuned tree recorded beside a drafter's files (``tune-tree --write-heads``), in any format: the public
+#: layouts have no field for one and their loaders ignore a file they do not know
+TREE_FILE = "trtspec_tree.json"
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,36 @@ def format_choices_trtllm(choices) -> str:
 
 def format_choices_json(choices) -> str:
     return json.dumps([list(c) for c in normalize_choices(choices)])
+
+
+def tree_file(heads: str | Path) -> Path:
+    """Where a drafter directory (or the directory of a drafter file) keeps its recorded tree."""
+    heads = Path(heads)
+    return (heads if heads.is_dir() else heads.parent) / TREE_FILE
+
+
+def read_recorded_tree(heads: str | Path) -> tuple[tuple[int, ...], ...] | None:
+    """The tree recorded beside a drafter's files, or None where there is none."""
+    path = tree_file(heads)
+    if not path.is_file():
+        return None
+    try:
+        choices = json.loads(path.read_text())["tree_choices"]
+        return normalize_choices(choices)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, UsageError) as e:
+        raise CheckpointError(
+            f"unreadable recorded tree ({e})", path, "delete it, or re-run tune-tree --write-heads"
+        ) from None
+
+
+def write_recorded_tree(heads: str | Path, choices, source: str) -> Path:
+    """Record ``choices`` beside a drafter's files (temp file + rename: never half-written)."""
+    path = tree_file(heads)
+    body = {"tree_choices": [list(c) for c in normalize_choices(choices)], "written_by": source}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(body, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
 
 
 def build_tree(choices) -> TreeBuffers:

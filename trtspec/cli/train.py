@@ -410,7 +410,12 @@ def _label_vocab(choice: str, draft_vocab: int, record) -> str:
 )
 @click.option("--speed/--no-speed", default=True, show_default=True, help="Also time plain vs speculative decoding.")
 @click.option("--out", "-o", type=click.Path(path_type=Path), default=None, help="Write the choices as JSON here.")
-@click.option("--write-heads", is_flag=True, help="Record the tree in trtspec-heads metadata (tree_choices).")
+@click.option(
+    "--write-heads",
+    is_flag=True,
+    help="Record the best tree beside the heads (trtspec_tree.json, any format) when it beats plain decoding: "
+    "serve, build and generate then use it unless --tree is given.",
+)
 @click.option(
     "--draft-vocab",
     default=None,
@@ -492,8 +497,7 @@ def tune_tree_cmd(
     elif write_heads:
         from trtspec.train.tune_run import record_tree
 
-        record_tree(heads, best["choices"])
-        click.echo(f"recorded the tree in {heads}")
+        click.echo(f"recorded the tree in {record_tree(heads, best['choices'])}")
 
 
 def _budgets(text: str) -> list[int]:

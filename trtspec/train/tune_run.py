@@ -7,8 +7,6 @@ fastest, so with several budgets the one with the best measured tokens/s wins.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +16,7 @@ from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.ranks import check_measurable, drafter_aux, ranks_by_sequence, simulated_length
 from trtspec.train.tune import build_tree, expected_length, path_probs_from_ranks, per_depth_topk
 from trtspec.tree import build_tree as tree_buffers
-from trtspec.tree import format_choices_json, format_choices_trtllm
+from trtspec.tree import format_choices_json, format_choices_trtllm, write_recorded_tree
 
 
 def _default_depth(gen) -> int:
@@ -185,18 +183,6 @@ def tune(
     return tune_on_cache(gen, cache, evals, budgets, depth, topk, max_new_tokens, speed, echo)
 
 
-def record_tree(heads: Path, choices) -> None:
-    """Store the tuned tree in trtspec-heads metadata, where the loader picks it up as the default tree."""
-    from trtspec.drafters.trtspec_heads import META_FILE
-
-    meta_path = (heads if heads.is_dir() else heads.parent) / META_FILE
-    if not meta_path.is_file():
-        raise UsageError(
-            f"{heads}: --write-heads needs trtspec-heads (mtp-*); for other formats pass the "
-            "printed choices with --tree"
-        )
-    meta = json.loads(meta_path.read_text())
-    meta["tree_choices"] = [list(c) for c in choices]
-    tmp = meta_path.with_name(meta_path.name + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, meta_path)
+def record_tree(heads: Path, choices) -> Path:
+    """Store the tuned tree beside the heads (any format), where the loader picks it up as the default tree."""
+    return write_recorded_tree(heads, choices, "trtspec tune-tree")
