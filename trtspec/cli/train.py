@@ -414,7 +414,7 @@ def _label_vocab(choice: str, draft_vocab: int, record) -> str:
     "--write-heads",
     is_flag=True,
     help="Record the best tree beside the heads (trtspec_tree.json, any format) when it beats plain decoding: "
-    "serve, build and generate then use it unless --tree is given.",
+    "generate, convert, build and triton emit then use it unless --tree is given.",
 )
 @click.option(
     "--draft-vocab",
