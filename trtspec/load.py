@@ -78,7 +78,7 @@ def resolve_tree(tree, drafter: DrafterSpec | None) -> TreeSpec:
     if tree is None:
         tuned = read_recorded_tree(drafter.path) if Path(drafter.path).exists() else None
         if tuned is not None:
-            if limit is not None and max(len(c) for c in tuned) > limit:
+            if limit is not None and max((len(c) for c in tuned), default=0) > limit:
                 raise CheckpointError(
                     f"recorded tree is deeper than the {limit} {drafter.kind} drafts",
                     tree_file(drafter.path),
