@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trtspec.train.cache import HiddenCache
-from trtspec.train.losses import sparse_ce, targets
+from trtspec.train.losses import dense_ce, sparse_ce, targets
 
 #: anchors drawn per sequence window and step (fewer when the window has fewer)
 ANCHORS = 16
@@ -169,12 +169,10 @@ class BlockLoss(nn.Module):
             zi = z[:, :, i].reshape(-1, z.shape[-1])
             prev = batch["prev"][:, :, i].reshape(-1)
             weight = self.step_decay**i
-            if "topk_ids" in batch:
-                tk = batch["topk_ids"][:, :, i].reshape(lab.shape[0], -1)
-                tv = batch["topk_logits"][:, :, i].reshape(lab.shape[0], -1)
-                idx, w = targets(lab, valid, tk, tv, self.soft_weight)
-            else:
-                idx, w = targets(lab, valid)
+            soft = "topk_ids" in batch
+            tk = batch["topk_ids"][:, :, i].reshape(lab.shape[0], -1) if soft else None
+            tv = batch["topk_logits"][:, :, i].reshape(lab.shape[0], -1) if soft else None
+            idx, w = targets(lab, valid, tk, tv, self.soft_weight)
             if markov is None:
                 ce = sparse_ce(zi, self.lm_head, idx, w)
                 logits = None
@@ -183,7 +181,7 @@ class BlockLoss(nn.Module):
                 if self.label_ids is not None:
                     bias = bias[:, self.label_ids]
                 logits = F.linear(zi.to(self.lm_head.dtype), self.lm_head).float() + bias.float()
-                ce = (torch.logsumexp(logits, -1) * w.sum(1) - (logits.gather(1, idx) * w).sum(1)).sum()
+                ce = dense_ce(logits, idx, w)
             n = valid.sum().clamp_min(1)
             total = total + weight * ce / n
             conf = m.confidence(zi, prev) if hasattr(m, "confidence") else None

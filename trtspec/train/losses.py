@@ -51,6 +51,13 @@ def sparse_ce(
     return _SparseCE.apply(z.to(weight.dtype), weight, idx, w.float(), chunk)
 
 
+def dense_ce(logits: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Sum over rows of CE(softmax(logits), sparse target): for logits that already exist in full (a
+    drafter's own small vocabulary, or lm_head logits plus a bias), where ``sparse_ce``'s fused matmul
+    does not apply."""
+    return -(torch.log_softmax(logits.float(), -1).gather(1, idx) * w).sum()
+
+
 def targets(
     hard: torch.Tensor,
     valid: torch.Tensor,

@@ -38,7 +38,7 @@ from trtspec.train.block import BlockLoss, block_batch
 from trtspec.train.block import per_batch as block_per_batch
 from trtspec.train.cache import HiddenCache
 from trtspec.train.heads import make_module, recipe
-from trtspec.train.losses import sparse_ce, targets
+from trtspec.train.losses import dense_ce, sparse_ce, targets
 from trtspec.train.unroll import unrolled
 
 
@@ -290,8 +290,7 @@ class RecurrentLoss(nn.Module):
             tv = batch["topk_logits"][s].flatten(0, 1) if "topk_logits" in batch else None
             idx, w = targets(lab, valid, tk, tv, self.cfg.soft_weight)
             if self.own_vocab:
-                logp = torch.log_softmax(z.reshape(-1, z.shape[-1]).float(), -1)
-                ce = -(logp.gather(1, idx) * w).sum()
+                ce = dense_ce(z.reshape(-1, z.shape[-1]), idx, w)
             else:
                 ce = sparse_ce(z.reshape(-1, H), self.lm_head, idx, w)
             n = valid.sum().clamp_min(1)
