@@ -22,8 +22,7 @@ from trtspec.train.tune import (
     path_probs_from_ranks,
     per_depth_topk,
 )
-from trtspec.train.tune_run import record_tree
-from trtspec.tree import TREE_FILE, parse_choices
+from trtspec.tree import TREE_FILE, parse_choices, write_recorded_tree
 
 
 def test_known_optimal_trees_for_small_budgets():
@@ -163,7 +162,7 @@ def test_a_tree_recorded_beside_any_format_is_the_default(kind, demo_paths, tmp_
     before = {p.name: p.read_bytes() for p in heads.iterdir()}
     default = load_spec_model(demo_paths["target"], heads).tree.choices
     tuned = [[0], [1], [0, 0]]
-    written = record_tree(heads, tuned)
+    written = write_recorded_tree(heads, tuned, "test")
     assert written == heads / TREE_FILE
     assert {p.name: p.read_bytes() for p in heads.iterdir() if p.name != TREE_FILE} == before
     assert [list(c) for c in load_spec_model(demo_paths["target"], heads).tree.choices] == tuned != default

@@ -78,22 +78,24 @@ def resolve_tree(tree, drafter: DrafterSpec | None) -> TreeSpec:
     if tree is None:
         tuned = read_recorded_tree(drafter.path) if Path(drafter.path).exists() else None
         if tuned is not None:
-            if limit is not None and max((len(c) for c in tuned), default=0) > limit:
+            spec = TreeSpec(tuned)
+            if limit is not None and spec.depth > limit:
                 raise CheckpointError(
                     f"recorded tree is deeper than the {limit} {drafter.kind} drafts",
                     tree_file(drafter.path),
                     "delete it, or re-run tune-tree --write-heads for these heads",
                 )
-            return TreeSpec(tuned)
+            return spec
         recorded = drafter.config.get("tree_choices")
         if recorded:
             return TreeSpec(normalize_choices(recorded))
         return TreeSpec(tuple(c for c in DEFAULT_CHOICES if limit is None or len(c) <= limit))
-    choices = parse_choices(tree) if isinstance(tree, str) else normalize_choices(tree)
-    depth = max((len(c) for c in choices), default=0)
-    if limit is not None and depth > limit:
-        raise UsageError(f"tree depth {depth} exceeds the {limit} {drafter.kind} heads; use a tree of depth <= {limit}")
-    return TreeSpec(choices)
+    spec = TreeSpec(parse_choices(tree) if isinstance(tree, str) else normalize_choices(tree))
+    if limit is not None and spec.depth > limit:
+        raise UsageError(
+            f"tree depth {spec.depth} exceeds the {limit} {drafter.kind} heads; use a tree of depth <= {limit}"
+        )
+    return spec
 
 
 def load_spec_model(

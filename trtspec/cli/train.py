@@ -495,9 +495,9 @@ def tune_tree_cmd(
     if write_heads and not report["beats_plain"]:
         click.echo(f"not recording a tree in {heads}: it would make decoding slower than plain", err=True)
     elif write_heads:
-        from trtspec.train.tune_run import record_tree
+        from trtspec.tree import write_recorded_tree
 
-        click.echo(f"recorded the tree in {record_tree(heads, best['choices'])}")
+        click.echo(f"recorded the tree in {write_recorded_tree(heads, best['choices'], 'trtspec tune-tree')}")
 
 
 def _budgets(text: str) -> list[int]:

@@ -16,7 +16,7 @@ from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.ranks import check_measurable, drafter_aux, ranks_by_sequence, simulated_length
 from trtspec.train.tune import build_tree, expected_length, path_probs_from_ranks, per_depth_topk
 from trtspec.tree import build_tree as tree_buffers
-from trtspec.tree import format_choices_json, format_choices_trtllm, write_recorded_tree
+from trtspec.tree import format_choices_json, format_choices_trtllm
 
 
 def _default_depth(gen) -> int:
@@ -181,8 +181,3 @@ def tune(
     build_cache(spec.target, calib, cache_dir, mode="generate", gen_tokens=gen_tokens, model=gen.target, dtype=dtype)
     cache = HiddenCache(cache_dir, spec.target.fingerprint)
     return tune_on_cache(gen, cache, evals, budgets, depth, topk, max_new_tokens, speed, echo)
-
-
-def record_tree(heads: Path, choices) -> Path:
-    """Store the tuned tree beside the heads (any format), where the loader picks it up as the default tree."""
-    return write_recorded_tree(heads, choices, "trtspec tune-tree")
