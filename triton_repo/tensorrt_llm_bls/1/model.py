@@ -213,6 +213,7 @@ class TritonPythonModel:
         pre_out = {inner: pb_utils.get_output_tensor_by_name(pre, inner).as_numpy() for inner in PRE_TO_LLM}
         llm_in = [pb_utils.Tensor(llm, pre_out[inner]) for inner, llm in PRE_TO_LLM.items()]
         stream = bool(_scalar(request, "stream", False))
+        wanted = set(request.requested_output_names())
         for outer, inner in LLM_INPUTS.items():
             t = pb_utils.get_input_tensor_by_name(request, outer)
             if t is not None:
@@ -224,7 +225,7 @@ class TritonPythonModel:
         if num_draft > 0:
             chunks = self._speculate(pre_out, llm_in, num_draft, request)
         else:
-            chunks = self._plain(llm_in)
+            chunks = self._plain(llm_in, [n for n in PASS_THROUGH if not wanted or n in wanted])
         tokens, emitted, extra = [], "", []
         for chunk, extra in chunks:
             if not stream:
@@ -239,21 +240,22 @@ class TritonPythonModel:
                     piece, emitted = text[len(emitted) :], text
             else:
                 piece = self._detok(chunk)
-            yield self._text_response(piece, extra)
+            yield self._text_response(piece, extra, wanted)
         if not stream:
-            yield self._text_response(self._detok(tokens), extra)
+            yield self._text_response(self._detok(tokens), extra, wanted)
 
-    def _plain(self, llm_in):
-        """(tokens, pass-through tensors) per response of the target."""
-        wanted = ["output_ids", "sequence_length", *PASS_THROUGH]
-        for resp in self._call(self.llm_name, llm_in, wanted):
+    def _plain(self, llm_in, passed):
+        """(tokens, pass-through tensors) per response of the target. Only the pass-through outputs the
+        request asked for (``passed``) are asked of the target: Triton 2.51's stub builds each tensor of a
+        decoupled BLS response without the GIL (see ``_call_single``), so fewer tensors, fewer chances."""
+        for resp in self._call(self.llm_name, llm_in, ["output_ids", "sequence_length", *passed]):
             ids_t = pb_utils.get_output_tensor_by_name(resp, "output_ids")
             if ids_t is None:  # the empty final response of a decoupled model
                 continue
             n = int(pb_utils.get_output_tensor_by_name(resp, "sequence_length").as_numpy().reshape(-1)[0])
             extra = [
                 pb_utils.Tensor(name, pb_utils.get_output_tensor_by_name(resp, name).as_numpy())
-                for name in PASS_THROUGH
+                for name in passed
                 if pb_utils.get_output_tensor_by_name(resp, name) is not None
             ]
             yield ids_t.as_numpy().reshape(-1)[:n].tolist(), extra
@@ -326,7 +328,10 @@ class TritonPythonModel:
                 break
 
     @staticmethod
-    def _text_response(text, extra):
+    def _text_response(text, extra, wanted):
+        """Only the outputs the request asked for (all when it names none): the stub's sender drops the
+        others with the GIL released (python_backend ``ResponseSender::Send``), freeing their numpy arrays
+        off the GIL, which corrupts the stub's heap under concurrent streams."""
         # flat [1] (one sequence), as upstream's BLS sends it: clients read text_output[0]
         out = np.array([text.encode("utf-8")], dtype=object)
         index = [
@@ -334,9 +339,8 @@ class TritonPythonModel:
             pb_utils.Tensor("sequence_index", np.array([[0]], np.int32)),
         ]
         names = {t.name() for t in extra}
-        return pb_utils.InferenceResponse(
-            [pb_utils.Tensor("text_output", out), *extra, *[t for t in index if t.name() not in names]]
-        )
+        tensors = [pb_utils.Tensor("text_output", out), *extra, *[t for t in index if t.name() not in names]]
+        return pb_utils.InferenceResponse([t for t in tensors if not wanted or t.name() in wanted])
 
     def finalize(self):
         with self.lock:
