@@ -341,3 +341,21 @@ def test_soft_labels_mix_the_targets_top_k_into_the_block_loss(tiny, tmp_path, k
     assert torch.allclose(hard, loss(plain, 0.0))
     assert not torch.allclose(hard, only_topk)
     assert torch.allclose(mixed, 0.7 * hard + 0.3 * only_topk, rtol=1e-4)
+
+
+def test_markov_bias_over_some_rows_is_those_rows_of_the_full_bias():
+    """The training loss over a draft vocabulary asks the Markov head for those rows only (the full [N, V]
+    bias was most of a DSpark step); the rows must be exactly the full bias's, gradients included."""
+    from trtspec.models.block_draft import MarkovHead
+
+    torch.manual_seed(0)
+    head = MarkovHead(vocab=300, rank=8)
+    prev = torch.randint(0, 300, (17,))
+    rows = torch.tensor([5, 0, 299, 42, 7])
+    full = head(prev)
+    some = head(prev, rows)
+    torch.testing.assert_close(some, full[:, rows])
+    (g_full,) = torch.autograd.grad(full[:, rows].square().sum(), head.markov_w2.weight)
+    (g_some,) = torch.autograd.grad(some.square().sum(), head.markov_w2.weight)
+    torch.testing.assert_close(g_some, g_full)
+    assert g_some[rows].abs().sum() > 0 and g_some[1:5].abs().sum() == 0

@@ -155,8 +155,12 @@ class MarkovHead(nn.Module):
     def prev_embeddings(self, prev: torch.Tensor) -> torch.Tensor:
         return self.markov_w1(prev)
 
-    def forward(self, prev: torch.Tensor) -> torch.Tensor:
-        return self.markov_w2(self.markov_w1(prev))
+    def forward(self, prev: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The bias over the whole vocabulary, or over its ``rows`` only (a training loss over a draft
+        vocabulary: the full [N, V] bias would be most of a step's work and memory, then sliced away)."""
+        if rows is None:
+            return self.markov_w2(self.markov_w1(prev))
+        return F.linear(self.markov_w1(prev), self.markov_w2.weight[rows])
 
 
 class ConfidenceHead(nn.Module):

@@ -177,9 +177,7 @@ class BlockLoss(nn.Module):
                 ce = sparse_ce(zi, self.lm_head, idx, w)
                 logits = None
             else:
-                bias = markov(prev)
-                if self.label_ids is not None:
-                    bias = bias[:, self.label_ids]
+                bias = markov(prev, self.label_ids)
                 logits = F.linear(zi.to(self.lm_head.dtype), self.lm_head).float() + bias.float()
                 ce = dense_ce(logits, idx, w)
             n = valid.sum().clamp_min(1)
