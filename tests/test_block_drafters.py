@@ -359,3 +359,49 @@ def test_markov_bias_over_some_rows_is_those_rows_of_the_full_bias():
     (g_some,) = torch.autograd.grad(some.square().sum(), head.markov_w2.weight)
     torch.testing.assert_close(g_some, g_full)
     assert g_some[rows].abs().sum() > 0 and g_some[1:5].abs().sum() == 0
+
+
+def test_dspark_over_a_draft_vocabulary(tiny, spark, tmp_path):
+    """With a draft vocabulary the Markov bias is taken over its rows only: a complete vocabulary in
+    another order proposes exactly what the full one does, and a subset proposes only its own tokens
+    while the output stays token-identical to greedy."""
+    import shutil
+
+    from trtspec.checkpoint.heads.draft_vocab import save_draft_vocab
+
+    V = tiny["target"].arch.vocab_size
+    prompts = [[5, 9, 17, 3, 44], [8, 2, 30]]
+    tree = "[[0],[1],[0,0],[1,0],[0,0,0]]"
+
+    def proposals(heads):
+        gen = SpeculativeGenerator(load_spec_model(tiny["target_dir"], heads, tree=tree))
+        seen, real = [], gen.drafter.propose
+
+        def propose(t, root, rows=None):
+            out = real(t, root, rows)
+            seen.append(out[:, 1:].clone())
+            return out
+
+        gen.drafter.propose = propose
+        res = gen.generate(prompts, GenerationConfig(max_new_tokens=16))
+        plain = gen.generate(prompts, GenerationConfig(max_new_tokens=16, speculative=False))
+        assert res.tokens == plain.tokens
+        return torch.cat([s.flatten() for s in seen])
+
+    from safetensors.torch import load_file, save_file
+
+    strong = tmp_path / "strong"  # the demo's Markov bias is too weak to move a top-1: make it count
+    shutil.copytree(spark, strong)
+    weights = load_file(strong / "model.safetensors")
+    weights["markov_head.markov_w1.weight"] *= 40.0
+    save_file(weights, strong / "model.safetensors")
+    full = proposals(strong)
+    permuted = tmp_path / "permuted"
+    shutil.copytree(strong, permuted)
+    save_draft_vocab(permuted, torch.randperm(V, generator=torch.Generator().manual_seed(3)))
+    assert torch.equal(proposals(permuted), full)
+    subset_dir = tmp_path / "subset"
+    shutil.copytree(strong, subset_dir)
+    subset = torch.randperm(V, generator=torch.Generator().manual_seed(4))[: V // 4]
+    save_draft_vocab(subset_dir, subset)
+    assert torch.isin(proposals(subset_dir), subset).all()

@@ -149,7 +149,5 @@ def build_block_drafter(
     dv = drafter.draft_vocab
     lm_head = restrict_rows(target.lm_head.weight.detach(), dv)
     head = getattr(module, "markov_head", None)
-    bias = None
-    if head is not None:
-        bias = (lambda prev: head(prev)) if dv is None else (lambda prev: head(prev)[..., dv])
+    bias = None if head is None else (lambda prev: head(prev, dv))  # over the draft vocabulary's rows only
     return BlockDrafter(module, target.embed_tokens, lm_head, dv, bias, min_survival)
