@@ -126,6 +126,30 @@ def test_packing_without_batch_invariance_keeps_the_math_and_skips_float64_atten
     assert (la.argmax(-1) == lb.argmax(-1)).float().mean() >= 0.9
 
 
+def test_fused_attention_runs_half_precision_in_float32_on_cpu():
+    """The cache builder's bfloat16 attention goes through SDPA in float32 (several times faster on CPU):
+    the result is the float32 computation rounded once to bfloat16, with the GQA grouping and the mask
+    kept, and float32 inputs take SDPA unchanged."""
+    import torch.nn.functional as F
+
+    from trtspec.models.llama import fused_attention
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(4, 9, 3, 64, generator=g)
+    k, v = torch.randn(4, 3, 20, 64, generator=g), torch.randn(4, 3, 20, 64, generator=g)
+    mask = torch.rand(4, 1, 3, 20, generator=g) > 0.3
+    mask[..., 0] = True
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    out = fused_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, True)
+    assert out.dtype == torch.bfloat16
+    expect = F.scaled_dot_product_attention(
+        q.bfloat16().float(), k.bfloat16().float(), v.bfloat16().float(), attn_mask=mask, enable_gqa=True
+    )
+    assert torch.equal(out, expect.bfloat16())
+    assert (out.float() - ref).abs().max() < 0.05
+    assert torch.equal(fused_attention(q, k, v, mask, True), ref)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("tree", ["chain:3", None])
 def test_packed_speculative_greedy_equals_plain(demo_paths, kind, tree):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trtspec.models.llama import MLP, RMSNorm, Rotary, rotate_half
+from trtspec.models.llama import MLP, RMSNorm, Rotary, fused_attention, rotate_half
 from trtspec.spec import LlamaArch
 
 
@@ -68,9 +68,7 @@ class BlockAttention(nn.Module):
         k, v = self.kv(x, cos, sin)
         keys = torch.cat([prefix[0].to(k.dtype), k], 1).transpose(1, 2)
         vals = torch.cat([prefix[1].to(v.dtype), v], 1).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv
-        )
+        out = fused_attention(q.transpose(1, 2), keys, vals, mask, self.n_heads != self.n_kv)
         return self.o_proj(out.transpose(1, 2).reshape(B, M, -1))
 
 
