@@ -51,3 +51,19 @@ def test_raw_samples_skip_the_chat_template(demo_paths):
     assert raw == list(tok(text)["input_ids"])
     if getattr(tok, "chat_template", None):
         assert chat != raw
+
+
+def test_chat_turns_leave_the_evaluation_conversations_unseen():
+    """chat-turns cuts every user turn of the training conversations: many times chat's items, every item
+    ends on a user turn, and no long message of a held-out conversation is in it (a different cut of the
+    same conversation would leak its replies)."""
+    turns = corpus_samples("chat-turns")
+    held = source_samples("chat", evaluation=True)
+    assert len(turns) > 10 * len(source_samples("chat", evaluation=False))
+    assert all(s.messages[0][0] == "user" and s.messages[-1][0] == "user" for s in turns)
+    seen = {text for s in turns for _, text in s.messages}
+    held_long = {text for s in held for _, text in s.messages if len(text) > 60}
+    assert held_long and not held_long & seen
+    assert corpus_samples("chat-turns:50") == turns[:50]
+    with pytest.raises(UsageError, match="chat-eval"):
+        corpus_samples("chat-turns-eval")

@@ -46,7 +46,8 @@ def _kinds(pred) -> str:
     default=("mix",),
     show_default=True,
     help="Training data: 'mix[:N]' (chat with the chat template, Python-docs prose and stdlib code continued raw; "
-    "weights as mix:N:chat=0.5,prose=0.25,code=0.25), 'chat', 'prose', 'code', 'chitchat[:N]', or a file: .jsonl "
+    "weights as mix:N:chat=0.5,prose=0.25,code=0.25), 'chat', 'prose', 'code', 'chat-turns[:N]' (every user turn "
+    "of chat's training conversations: ~60k items), 'chitchat[:N]', or a file: .jsonl "
     "({text} / {messages} / {conversations}), .json, .txt. Repeatable. '<source>-eval' parts are never trained on.",
 )
 @click.option("--out", "-o", required=True, type=click.Path(path_type=Path), help="Output heads directory.")

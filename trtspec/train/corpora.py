@@ -4,13 +4,17 @@ A drafter trained on one small chat set accepts little on prose or code, and a u
 these. Every source here installs offline with the project, and its license allows the use:
 
 * ``chat``: chitchat-dataset 0.9.0 (PyPI, MIT): real conversations, rendered with the target's chat template.
+  One item per conversation (a prefix of 1-4 turns ending with a user turn).
+* ``chat-turns``: every user turn of the conversations ``chat`` trains on, each with the exchange before it
+  or none (chosen at random): about 20x ``chat``'s items, for drafters that memorise one reply per
+  conversation. Conversations with an evaluation item are left out, so ``chat-eval`` stays unseen.
 * ``prose``: the Python documentation's topic texts that ship in the standard library (``pydoc_data.topics``,
   PSF License 2.0): English explanatory prose, continued raw (no chat template).
 * ``code``: the Python standard library's own ``.py`` sources (PSF License 2.0), continued raw.
 
 Each source is cut into items deterministically and split once: the last ``EVAL_SHARE`` of its items are
 for evaluation only (``<source>-eval``), never trained on. ``mix`` draws from the training parts with
-per-source weights. Data specs: ``chat|prose|code|mix[:N]``, ``<source>-eval[:N]``, and
+per-source weights. Data specs: ``chat|prose|code|mix|chat-turns[:N]``, ``<source>-eval[:N]``, and
 ``mix:N:chat=0.5,prose=0.25,code=0.25`` for other weights.
 """
 
@@ -59,6 +63,37 @@ def _code_items() -> list[str]:
 def _split(items: list, evaluation: bool) -> list:
     cut = len(items) - max(1, int(len(items) * EVAL_SHARE))
     return items[cut:] if evaluation else items[:cut]
+
+
+def _first_eval_conversation(items: list) -> int:
+    """The index of the first conversation whose ``chat`` item is in the evaluation part (``items``: one
+    per conversation, in order; duplicates keep their first conversation, as ``source_samples`` does)."""
+    first: dict = {}
+    for i, item in enumerate(items):
+        first.setdefault(item, i)
+    kept = sorted(first.values())
+    return kept[len(kept) - max(1, int(len(kept) * EVAL_SHARE))]
+
+
+def chat_turn_samples(seed: int = 0) -> list:
+    """Every user turn of the training conversations as an item (see the module docstring), shuffled with
+    ``seed``. Why: ``chat`` uses one cut per conversation, and a block drafter trained for long on those
+    replies memorises them; the conversations have ~34 turns each."""
+    from trtspec.train.data import Sample, chitchat_conversations, chitchat_samples
+
+    conversations = chitchat_conversations()
+    held = set(_split(list(dict.fromkeys(chitchat_samples(None, 0))), True))
+    stop = _first_eval_conversation(chitchat_samples(None, 0))
+    rng = random.Random(seed)
+    items = []
+    for turns in conversations[:stop]:
+        for user in range(0, len(turns), 2):
+            start = user - 2 * rng.randrange(2) if user >= 2 else user
+            msgs = tuple(("user" if i % 2 == 0 else "assistant", turns[i]) for i in range(start, user + 1))
+            items.append(Sample(messages=msgs))
+    items = [s for s in dict.fromkeys(items) if s not in held]
+    rng.shuffle(items)
+    return items
 
 
 def source_samples(name: str, evaluation: bool = False, seed: int = 0):
@@ -118,13 +153,17 @@ def corpus_samples(spec: str, seed: int = 0) -> list | None:
     name, _, rest = spec.partition(":")
     evaluation = name.endswith("-eval")
     base = name.removesuffix("-eval")
-    if base not in (*SOURCES, "mix"):
+    if base not in (*SOURCES, "mix", "chat-turns"):
         return None
     count_text, _, weight_text = rest.partition(":")
     if count_text and not count_text.isdigit():
         raise UsageError(f"bad data source {spec!r}; use {base}[:N]")
     count = int(count_text) if count_text else None
-    if base == "mix":
+    if base == "chat-turns":
+        if evaluation:
+            raise UsageError("chat-turns has no evaluation part of its own; evaluate on chat-eval")
+        got = chat_turn_samples(seed)
+    elif base == "mix":
         if evaluation:
             parts = [source_samples(k, True, seed) for k in SOURCES]
             got = [s for group in zip(*parts) for s in group]
