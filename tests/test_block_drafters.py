@@ -255,6 +255,8 @@ def test_cli_trains_a_block_drafter_with_and_without_soft_labels(tmp_path):
 
     from trtspec.cli import main
     from trtspec.demo.tokenizer import write_char_tokenizer
+    from trtspec.drafters.block_layout import train_aux_layers
+    from trtspec.train.cache import HiddenCache
 
     tdir = make_tiny_llama(tmp_path / "target", seed=0, vocab_size=128, num_hidden_layers=3)
     write_char_tokenizer(tdir, 128)
@@ -267,6 +269,9 @@ def test_cli_trains_a_block_drafter_with_and_without_soft_labels(tmp_path):
     assert r.exit_code == 0, r.output
     spec = load_spec_model(tdir, tmp_path / "h")
     assert spec.drafter.kind == KIND and spec.drafter.config["block_size"] == 6 and spec.tree.depth == 5
+    recorded = HiddenCache(tmp_path / "h.cache")  # the context layers came with the replies: no second pass
+    assert recorded.aux_layers == train_aux_layers(load_hf_causal_lm(tdir))
+    assert not list((tmp_path / "h.cache").glob("aux-*"))
     soft = [*args, "--num-heads", "5", "--batch-tokens", "64", "--topk", "4", "--soft-weight", "0.3"]
     r = CliRunner().invoke(main, [*soft, "-o", str(tmp_path / "s"), "--cache", str(tmp_path / "sc")])
     assert r.exit_code == 0, r.output
@@ -306,6 +311,51 @@ def test_dspark_saves_for_a_tied_embedding_target(tmp_path):
     target = load_hf_causal_lm(tdir)
     out = save_heads("dspark", make_module("dspark", target, 3), target, tmp_path / "spark", {})
     assert load_spec_model(tdir, out).drafter.kind == "dspark"
+
+
+def test_the_cache_records_the_context_layers_while_the_target_writes(tiny, tmp_path):
+    """A cache asked for the context layers records them during generation: the same states as the side
+    file's teacher-forced pass over the finished replies, read straight from the cache (no side file),
+    also as a column range of more layers; a cache without them is reused only where they are optional."""
+    import numpy as np
+
+    from trtspec.errors import UsageError
+    from trtspec.train.aux_cache import aux_dir, aux_features
+    from trtspec.train.cache import HiddenCache, build_cache
+
+    target = tiny["target"]
+    L = target.arch.num_hidden_layers
+    items = [[5, 9, 17, 3], [60, 61, 62, 63, 64], [2, 40, 2]]
+    layers = (1, 3, L)
+    build_cache(target, items, tmp_path / "plain", gen_tokens=10, batch_size=2, progress=False)
+    build_cache(target, items, tmp_path / "rec", gen_tokens=10, batch_size=2, progress=False, aux_layers=(0, *layers))
+    plain, rec = HiddenCache(tmp_path / "plain"), HiddenCache(tmp_path / "rec")
+    assert [list(s.tokens) for s in plain.shards] == [list(s.tokens) for s in rec.shards]
+    side = aux_features(plain, target, layers, progress=False)
+    own = aux_features(rec, target, layers, progress=False)
+    assert aux_dir(plain, layers).is_dir() and not aux_dir(rec, layers).exists()
+    for a, b in zip(side, own):
+        assert a.shape == b.shape
+        assert np.allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-2)
+    assert not aux_dir(rec, (3, 1)).exists()
+    reordered = aux_features(rec, target, (3, 1), progress=False)  # not a column range: computed aside
+    assert aux_dir(rec, (3, 1)).is_dir()
+    H = target.arch.hidden_size
+    assert np.allclose(
+        np.asarray(reordered[0][:, :H], np.float32), np.asarray(own[0][:, H : 2 * H], np.float32), atol=2e-2
+    )
+    with pytest.raises(UsageError, match="layer inputs"):
+        build_cache(target, items, tmp_path / "plain", gen_tokens=10, batch_size=2, progress=False, aux_layers=layers)
+    build_cache(
+        target,
+        items,
+        tmp_path / "plain",
+        gen_tokens=10,
+        batch_size=2,
+        progress=False,
+        aux_layers=layers,
+        aux_optional=True,
+    )
 
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])

@@ -222,12 +222,17 @@ def module_for(spec: DrafterSpec, target_hidden: int) -> BlockDraftModel:
     return BlockDraftModel(spec.arch, target_hidden, aux, int(cfg["block_size"]), int(cfg["mask_token_id"]))
 
 
+def train_aux_layers(target: TargetSpec) -> tuple[int, ...]:
+    """The capture indices (layer inputs) a fresh block drafter reads its context from: what the training
+    cache records while the target writes its replies, so no second pass over the cache is needed."""
+    return tuple(i + 1 for i in default_layer_ids(target.arch.num_hidden_layers, CONTEXT_LAYERS))
+
+
 def new_backbone(target: TargetSpec, block_size: int, cls: type[BlockDraftModel] = BlockDraftModel, **extra):
     """A fresh backbone for ``target``: DRAFT_LAYERS Qwen3-style layers of the target's widths, context
     from CONTEXT_LAYERS target layers, the target's mask token. ``extra`` goes to ``cls``."""
     arch = layer_arch(target.arch, model_type="qwen3", qk_norm=True, num_hidden_layers=DRAFT_LAYERS)
-    ids = default_layer_ids(target.arch.num_hidden_layers, CONTEXT_LAYERS)
-    return cls(arch, target.arch.hidden_size, tuple(i + 1 for i in ids), block_size, mask_token(target)[0], **extra)
+    return cls(arch, target.arch.hidden_size, train_aux_layers(target), block_size, mask_token(target)[0], **extra)
 
 
 def block_config(

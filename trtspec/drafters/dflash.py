@@ -14,7 +14,14 @@ from pathlib import Path
 import torch
 
 from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, PyTorchRoute, TrainingRecipe
-from trtspec.drafters.block_layout import block_config, load_block, module_for, new_backbone, save_block
+from trtspec.drafters.block_layout import (
+    block_config,
+    load_block,
+    module_for,
+    new_backbone,
+    save_block,
+    train_aux_layers,
+)
 from trtspec.drafters.block_proposer import build_block_drafter
 from trtspec.drafters.weights import demo_init, module_state
 from trtspec.models.block_draft import BlockDraftModel
@@ -81,7 +88,7 @@ KIND = DrafterKind(
         )
     ),
     pytorch=PyTorchRoute(decoding_type="DFlash", draft_format="dflash"),
-    training=TrainingRecipe("block", new_module, save, uses_num_heads=True),
+    training=TrainingRecipe("block", new_module, save, uses_num_heads=True, aux_layers=train_aux_layers),
     formats=("dflash",),
     export_formats=("dflash",),
     max_tree_depth=lambda spec: int(spec.config["block_size"]) - 1,

@@ -30,6 +30,7 @@ from trtspec.drafters.block_layout import (
     new_backbone,
     save_block,
     section_value,
+    train_aux_layers,
 )
 from trtspec.drafters.block_proposer import build_block_drafter
 from trtspec.drafters.weights import demo_init, module_state
@@ -167,7 +168,7 @@ KIND = DrafterKind(
         )
     ),
     pytorch=PyTorchRoute(decoding_type="DSpark", draft_format="dspark"),
-    training=TrainingRecipe("block", new_module, save, uses_num_heads=True),
+    training=TrainingRecipe("block", new_module, save, uses_num_heads=True, aux_layers=train_aux_layers),
     formats=("dspark",),
     max_tree_depth=lambda spec: int(spec.config["block_size"]),
 )

@@ -35,8 +35,13 @@ def aux_features(
     cache: HiddenCache, target: TargetSpec, layers: tuple[int, ...], progress: bool = True
 ) -> list[np.ndarray]:
     """Per cache shard, the memory-mapped [n, len(layers) * H] states entering target ``layers`` (trtspec's
-    capture convention, index L = the last layer's output), concatenated in ``layers`` order. Computed
-    once, in the dtype the cache was built in."""
+    capture convention, index L = the last layer's output), concatenated in ``layers`` order: the cache's
+    own (recorded while the target wrote its replies) where it holds them in that order, else computed
+    once into the side file, in the dtype the cache was built in."""
+    held, H = cache.aux_layers, cache.hidden_size
+    first = held.index(layers[0]) if layers and layers[0] in held else -1
+    if first >= 0 and held[first : first + len(layers)] == tuple(layers):  # a column range: a view, no copy
+        return [s.aux[:, first * H : (first + len(layers)) * H] for s in cache.shards]
     out_dir = aux_dir(cache, layers)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [out_dir / f"shard-{i:05d}.npy" for i in range(len(cache.shards))]

@@ -351,12 +351,15 @@ def build_cache(
     dtype: str = "float32",
     aux_layers: tuple[int, ...] | list[int] = (),
     loss_masks: list[list[int]] | None = None,
+    aux_optional: bool = False,
 ) -> Path:
     """Build (or resume) the cache for ``items`` (token-id prompts/texts). Returns the cache dir.
 
     ``aux_layers``: also store the residual stream entering these target layers (``aux.npy``). They are
     not part of the data hash: a cache that already holds every asked layer is reused as it is (so one
-    cache serves a kind that fuses target layers and one that does not); one that lacks some is refused.
+    cache serves a kind that fuses target layers and one that does not); one that lacks some is refused,
+    unless ``aux_optional`` (the caller computes missing layers aside, ``train.aux_cache``). Index L (the
+    last layer's output) is allowed.
 
     ``loss_masks`` (teacher mode): per item, 1 for each token the loss may predict (the assistant turns of
     chat data, ``train.data.encode_text_with_mask``); without them every teacher-mode token counts.
@@ -393,7 +396,7 @@ def build_cache(
     dhash = data_hash(items if loss_masks is None else [*items, *loss_masks], options)
     wanted = sorted({int(i) for i in aux_layers})
     L = target.arch.num_hidden_layers
-    if any(not 0 <= i < L for i in wanted):
+    if any(not 0 <= i <= L for i in wanted):
         raise UsageError(f"aux layers {wanted} are not all layers of the {L}-layer target")
     part = out / f"part-{rank}-of-{world}"
     meta_path = part / META
@@ -405,7 +408,7 @@ def build_cache(
                 f"(hash {meta.get('data_hash')} != {dhash}); delete it or pass another --cache"
             )
         missing = sorted(set(wanted) - set(meta.get("aux_layers", [])))
-        if missing:
+        if missing and not aux_optional:
             raise UsageError(
                 f"{out}: this cache holds the target's layer inputs {meta.get('aux_layers', [])}, not {missing} "
                 "that this drafter kind reads; delete it or pass another --cache"

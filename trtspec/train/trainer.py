@@ -432,9 +432,10 @@ def train(
 
         table = kind_recipe.prepare(module, target, token_ranking(cache, target.arch.vocab_size), cfg.draft_vocab)
         remap = _Remap(None, 0, table=table)
-    aux_cols = cache.aux_columns(kind_recipe.aux_layers(target)) if kind_recipe.aux_layers is not None else None
     linear = kind_recipe.style == "heads"
     block = kind_recipe.style == "block"  # a block drafter: many anchors per window, context from aux layers
+    fused = kind_recipe.aux_layers is not None and not block
+    aux_cols = cache.aux_columns(kind_recipe.aux_layers(target)) if fused else None
     want_topk = cfg.soft_weight > 0
     if want_topk and not cache.has_topk:
         raise UsageError("--soft-weight needs a cache built with --topk > 0")
