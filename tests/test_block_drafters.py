@@ -316,33 +316,32 @@ def test_dspark_saves_for_a_tied_embedding_target(tmp_path):
 def test_the_cache_records_the_context_layers_while_the_target_writes(tiny, tmp_path):
     """A cache asked for the context layers records them during generation: the same states as the side
     file's teacher-forced pass over the finished replies, read straight from the cache (no side file),
-    also as a column range of more layers; a cache without them is reused only where they are optional."""
+    also as a column range of more layers or picked in another order; a cache without them is reused only
+    where they are optional."""
     import numpy as np
 
     from trtspec.errors import UsageError
-    from trtspec.train.aux_cache import aux_dir, aux_features
+    from trtspec.train.aux_cache import aux_dir, layer_states
     from trtspec.train.cache import HiddenCache, build_cache
 
     target = tiny["target"]
     L = target.arch.num_hidden_layers
     items = [[5, 9, 17, 3], [60, 61, 62, 63, 64], [2, 40, 2]]
-    layers = (1, 3, L)
+    layers, H = (1, 3, L), target.arch.hidden_size
     build_cache(target, items, tmp_path / "plain", gen_tokens=10, batch_size=2, progress=False)
     build_cache(target, items, tmp_path / "rec", gen_tokens=10, batch_size=2, progress=False, aux_layers=(0, *layers))
     plain, rec = HiddenCache(tmp_path / "plain"), HiddenCache(tmp_path / "rec")
     assert [list(s.tokens) for s in plain.shards] == [list(s.tokens) for s in rec.shards]
-    side = aux_features(plain, target, layers, progress=False)
-    own = aux_features(rec, target, layers, progress=False)
+    side = layer_states(plain, target, layers, progress=False)
+    own = layer_states(rec, target, layers, progress=False)
     assert aux_dir(plain, layers).is_dir() and not aux_dir(rec, layers).exists()
     for a, b in zip(side, own):
         assert a.shape == b.shape
         assert np.allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=2e-2)
-    assert not aux_dir(rec, (3, 1)).exists()
-    reordered = aux_features(rec, target, (3, 1), progress=False)  # not a column range: computed aside
-    assert aux_dir(rec, (3, 1)).is_dir()
-    H = target.arch.hidden_size
+    reordered = layer_states(rec, target, (3, 1), progress=False)  # not a column range: picked, not aside
+    assert not aux_dir(rec, (3, 1)).exists() and reordered[0].shape == (len(rec.shards[0].tokens), 2 * H)
     assert np.allclose(
-        np.asarray(reordered[0][:, :H], np.float32), np.asarray(own[0][:, H : 2 * H], np.float32), atol=2e-2
+        np.asarray(reordered[0][:], np.float32)[:, :H], np.asarray(own[0][:, H : 2 * H], np.float32), atol=2e-2
     )
     with pytest.raises(UsageError, match="layer inputs"):
         build_cache(target, items, tmp_path / "plain", gen_tokens=10, batch_size=2, progress=False, aux_layers=layers)

@@ -29,6 +29,7 @@ from trtspec.errors import UsageError
 from trtspec.load import load_spec_model
 from trtspec.models.llama import build_llama, causal_mask
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
+from trtspec.train.aux_cache import aux_dir
 from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.draft_vocab import token_ranking
 from trtspec.train.heads import save_heads
@@ -112,11 +113,11 @@ def test_resume_after_an_interruption_is_identical(tiny, tmp_path):
         assert torch.equal(a, b), name
 
 
-def test_a_cache_without_the_layer_inputs_is_refused_and_a_richer_one_reused(tiny, tmp_path):
+def test_a_cache_without_the_layer_inputs_trains_from_the_side_file_and_a_richer_one_is_reused(tiny, tmp_path):
+    """Any cache serves EAGLE-3: one written without the fused layers (another kind's) gets them from one
+    teacher-forced pass beside it, and trains as the cache that recorded them while the target wrote."""
     items = tiny["items"][:6]
     plain = build_cache(tiny["target"], items, tmp_path / "plain", gen_tokens=6, batch_size=4, progress=False)
-    with pytest.raises(UsageError, match="rebuild it for this drafter kind"):
-        train(tiny["target"], HiddenCache(plain), _cfg(steps=1), progress=False)
     with pytest.raises(UsageError, match=r"not \[1, 2, 3\]"):
         build_cache(tiny["target"], items, plain, gen_tokens=6, batch_size=4, progress=False, aux_layers=LAYERS)
     rich = build_cache(
@@ -125,6 +126,10 @@ def test_a_cache_without_the_layer_inputs_is_refused_and_a_richer_one_reused(tin
     before = {p: p.stat().st_mtime_ns for p in rich.rglob("*")}
     build_cache(tiny["target"], items, rich, gen_tokens=6, batch_size=4, progress=False)  # no aux asked: reused
     assert {p: p.stat().st_mtime_ns for p in rich.rglob("*")} == before
+    _, on_plain = train(tiny["target"], HiddenCache(plain), _cfg(steps=4, batch_tokens=64), progress=False)
+    _, on_rich = train(tiny["target"], HiddenCache(rich), _cfg(steps=4, batch_tokens=64), progress=False)
+    assert aux_dir(HiddenCache(plain), LAYERS).is_dir() and not aux_dir(HiddenCache(rich), LAYERS).exists()
+    assert np.allclose(on_plain.losses, on_rich.losses, rtol=1e-2)
     with pytest.raises(UsageError, match="own vocabulary"):
         train(tiny["target"], HiddenCache(rich), _cfg(steps=1, label_vocab="cache"), progress=False)
 

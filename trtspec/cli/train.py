@@ -271,7 +271,7 @@ def train_heads_cmd(
         dtype=cache_choice.name,
         aux_layers=record.training.aux_layers(tgt) if record.training.aux_layers is not None else (),
         loss_masks=loss_masks if train_on == "generated" else None,
-        aux_optional=record.training.style == "block",  # an older cache without them: a side file instead
+        aux_optional=True,  # a cache written without them (another kind's, an older one): a side file instead
     )
     _barrier(world)
     cache = HiddenCache(cache_dir, tgt.fingerprint, world=world)

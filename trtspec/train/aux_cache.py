@@ -27,6 +27,31 @@ from trtspec.train.cache import HiddenCache, _to_f16
 ROWS = 16
 
 
+class _Columns:
+    """Rows of a memory-mapped array restricted to ``cols``, read only when sliced."""
+
+    def __init__(self, array, cols: np.ndarray):
+        self.array, self.cols = array, cols
+        self.shape = (array.shape[0], len(cols))
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return np.asarray(self.array[rows])[:, self.cols]
+
+
+def layer_states(cache: HiddenCache, target: TargetSpec, layers: tuple[int, ...], progress: bool = True) -> list:
+    """Per cache shard, the states entering target ``layers`` concatenated in that order, sliceable by rows:
+    the cache's own columns where it recorded every one of them, else the side file (``aux_features``).
+    Why one front door: any cache serves any kind that reads target layers (EAGLE-3 on a cache written
+    for a block drafter, or for a kind that reads none), at the price of one teacher-forced pass."""
+    layers = tuple(layers)
+    if layers and set(layers) <= set(cache.aux_layers):
+        cols = cache.aux_columns(layers)
+        if np.array_equal(cols, np.arange(cols[0], cols[0] + len(cols))):  # a column range: a plain view
+            return [s.aux[:, cols[0] : cols[0] + len(cols)] for s in cache.shards]
+        return [_Columns(s.aux, cols) for s in cache.shards]
+    return aux_features(cache, target, layers, progress=progress)
+
+
 def aux_dir(cache: HiddenCache, layers: tuple[int, ...]) -> Path:
     return cache.dir / ("aux-" + "-".join(str(i) for i in layers))
 
@@ -35,13 +60,9 @@ def aux_features(
     cache: HiddenCache, target: TargetSpec, layers: tuple[int, ...], progress: bool = True
 ) -> list[np.ndarray]:
     """Per cache shard, the memory-mapped [n, len(layers) * H] states entering target ``layers`` (trtspec's
-    capture convention, index L = the last layer's output), concatenated in ``layers`` order: the cache's
-    own (recorded while the target wrote its replies) where it holds them in that order, else computed
-    once into the side file, in the dtype the cache was built in."""
-    held, H = cache.aux_layers, cache.hidden_size
-    first = held.index(layers[0]) if layers and layers[0] in held else -1
-    if first >= 0 and held[first : first + len(layers)] == tuple(layers):  # a column range: a view, no copy
-        return [s.aux[:, first * H : (first + len(layers)) * H] for s in cache.shards]
+    capture convention, index L = the last layer's output), concatenated in ``layers`` order, computed once
+    into the side file in the dtype the cache was built in (callers go through ``layer_states``, which
+    reads the cache's own columns instead where it recorded the layers)."""
     out_dir = aux_dir(cache, layers)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [out_dir / f"shard-{i:05d}.npy" for i in range(len(cache.shards))]

@@ -28,7 +28,7 @@ import torch
 
 from trtspec.errors import UsageError
 from trtspec.models.llama import causal_mask
-from trtspec.train.aux_cache import aux_features
+from trtspec.train.aux_cache import layer_states
 from trtspec.train.cache import HiddenCache
 from trtspec.train.unroll import unrolled
 
@@ -131,26 +131,11 @@ def _block_logits(drafter, features: torch.Tensor, tokens: torch.Tensor, first: 
     return logits
 
 
-class _Columns:
-    """Rows of a memory-mapped array restricted to ``cols``, read only when sliced."""
-
-    def __init__(self, array, cols: np.ndarray):
-        self.array, self.cols = array, cols
-
-    def __getitem__(self, rows: slice) -> np.ndarray:
-        return np.asarray(self.array[rows])[:, self.cols]
-
-
 def drafter_aux(drafter, cache: HiddenCache, target):
-    """The drafter's aux-layer states on ``cache``: the cache's own columns when it stores those layers
-    (EAGLE-3 training caches), else the side file (computed once, kept next to the cache)."""
+    """The drafter's aux-layer states on ``cache`` (``aux_cache.layer_states``), or None if it reads none."""
     if not drafter.aux_layers:
         return None
-    layers = tuple(drafter.aux_layers)
-    if set(layers) <= set(cache.aux_layers):
-        cols = cache.aux_columns(layers)
-        return [_Columns(s.aux, cols) for s in cache.shards]
-    return aux_features(cache, target, layers, progress=False)
+    return layer_states(cache, target, tuple(drafter.aux_layers), progress=False)
 
 
 @torch.no_grad()

@@ -34,6 +34,7 @@ from torch import nn
 from trtspec.dtypes import resolve_dtype
 from trtspec.errors import UsageError
 from trtspec.spec import TargetSpec
+from trtspec.train.aux_cache import layer_states
 from trtspec.train.block import BlockLoss, block_batch
 from trtspec.train.block import per_batch as block_per_batch
 from trtspec.train.cache import HiddenCache
@@ -171,15 +172,15 @@ def recurrent_batch(
     steps: int,
     want_topk: bool,
     generated_only: bool = True,
-    aux_cols: np.ndarray | None = None,
+    aux: list | None = None,
 ):
-    """Padded windows: feats h_q (or, with ``aux_cols``, those columns of the cached aux layers' states),
+    """Padded windows: feats h_q (or, with ``aux``, per cache shard the fused target layers' states),
     tokens[s] = x_{q+s+1}, labels[s] = a_{q+s+1}, regression target h_{q+s+1} (-1 / zero where q+s+1 is
     past the end)."""
     sel = [wins[int(i)] for i in ids]
     B, T = len(sel), max(w[2] for w in sel)
     H = cache.hidden_size
-    feats = np.zeros((B, T, H if aux_cols is None else len(aux_cols)), dtype=np.float32)
+    feats = np.zeros((B, T, H if aux is None else aux[0].shape[1]), dtype=np.float32)
     valid = np.zeros((B, T), dtype=bool)
     toks = np.zeros((steps, B, T), dtype=np.int64)
     labs = np.full((steps, B, T), -1, dtype=np.int64)
@@ -193,7 +194,11 @@ def recurrent_batch(
         seq = cache.sequence(si)
         n = len(seq["tokens"])
         trained = cache.trained(si) if generated_only else None
-        feats[b, :m] = seq["hidden"][a : a + m] if aux_cols is None else seq["aux"][a : a + m][:, aux_cols]
+        if aux is None:
+            feats[b, :m] = seq["hidden"][a : a + m]
+        else:
+            shard_i, first, _ = cache.sequences[si]
+            feats[b, :m] = aux[shard_i][first + a : first + a + m]
         valid[b, :m] = True
         start[b] = a
         for s in range(steps):
@@ -435,7 +440,7 @@ def train(
     linear = kind_recipe.style == "heads"
     block = kind_recipe.style == "block"  # a block drafter: many anchors per window, context from aux layers
     fused = kind_recipe.aux_layers is not None and not block
-    aux_cols = cache.aux_columns(kind_recipe.aux_layers(target)) if fused else None
+    aux = layer_states(cache, target, kind_recipe.aux_layers(target), progress and rank == 0) if fused else None
     want_topk = cfg.soft_weight > 0
     if want_topk and not cache.has_topk:
         raise UsageError("--soft-weight needs a cache built with --topk > 0")
@@ -444,9 +449,7 @@ def train(
         universe = len(pos)
         per_batch = cfg.batch_tokens
     elif block:
-        from trtspec.train.aux_cache import aux_features
-
-        aux = aux_features(cache, target, module.aux_layers, progress=progress and rank == 0)
+        aux = layer_states(cache, target, module.aux_layers, progress and rank == 0)
         wins = windows(cache, cfg.window)
         universe = len(wins)
         per_batch = block_per_batch(cfg.batch_tokens, module.block_size)
@@ -553,7 +556,7 @@ def train(
                     want_topk,
                 )
             else:
-                batch = recurrent_batch(cache, wins, ids, cfg.unroll, want_topk, cfg.train_on == "generated", aux_cols)
+                batch = recurrent_batch(cache, wins, ids, cfg.unroll, want_topk, cfg.train_on == "generated", aux)
             if remap is not None:
                 batch = remap(batch)
             batch = {k: v.to(device) for k, v in batch.items()}
