@@ -135,8 +135,8 @@ class TrainingRecipe:
     Kinds whose first step reads several target layers, or that project onto their own vocabulary, add:
     ``aux_layers(target)``: the target layers whose *input* residual stream the self-distillation cache
     stores; step 0's feature is their concatenation, in that order (as ``Drafter.aux_layers`` at runtime).
-    A block drafter's are its context layers, recorded while the cache is written (a cache without them
-    gets them from a second pass, ``train.aux_cache``).
+    A block drafter's are its context layers. They are recorded while the cache is written; a cache
+    written without them gets them from a second pass (``train.aux_cache.layer_states``).
     ``prepare(module, target, cache, size)``: called once on the fresh module before training; picks the
     module's own output vocabulary from the cache (``size`` tokens, 0 = the kind's default) and returns
     the label map [target vocab] -> the module's output id (-1 = not in its vocabulary): the loss is then

@@ -439,8 +439,8 @@ def train(
         remap = _Remap(None, 0, table=table)
     linear = kind_recipe.style == "heads"
     block = kind_recipe.style == "block"  # a block drafter: many anchors per window, context from aux layers
-    fused = kind_recipe.aux_layers is not None and not block
-    aux = layer_states(cache, target, kind_recipe.aux_layers(target), progress and rank == 0) if fused else None
+    reads_layers = kind_recipe.aux_layers is not None  # EAGLE-3's fused layers, a block drafter's context
+    aux = layer_states(cache, target, kind_recipe.aux_layers(target), progress and rank == 0) if reads_layers else None
     want_topk = cfg.soft_weight > 0
     if want_topk and not cache.has_topk:
         raise UsageError("--soft-weight needs a cache built with --topk > 0")
@@ -449,7 +449,6 @@ def train(
         universe = len(pos)
         per_batch = cfg.batch_tokens
     elif block:
-        aux = layer_states(cache, target, module.aux_layers, progress and rank == 0)
         wins = windows(cache, cfg.window)
         universe = len(wins)
         per_batch = block_per_batch(cfg.batch_tokens, module.block_size)
