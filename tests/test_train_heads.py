@@ -16,6 +16,7 @@ from trtspec.cli import main
 from trtspec.demo.tiny import make_tiny_llama
 from trtspec.demo.tokenizer import write_char_tokenizer
 from trtspec.drafters import registry
+from trtspec.errors import UsageError
 from trtspec.load import load_spec_model
 from trtspec.models.llama import build_llama, causal_mask
 from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
@@ -420,3 +421,42 @@ def test_warmup_is_a_tenth_of_a_short_run_and_an_explicit_one_is_obeyed():
     assert max(_lr(short, s, 60) for s in range(60)) == pytest.approx(1e-3)
     fixed = TrainConfig(kind="mtp-single", lr=1e-3, warmup=20)
     assert warmup_steps(fixed, 60) == 20 and _lr(fixed, 10, 60) < 0.6e-3
+
+
+@pytest.mark.parametrize("kind", ["dspark", "eagle3", "medusa"])
+def test_a_warm_start_begins_where_the_trained_heads_left_off(tiny, kind):
+    """--init-from: the heads' weights, read back through the kind's loader, are the run's starting point
+    (with the rate at 0 they come out untouched), and on the very batch a fresh run starts on (same seed)
+    the warm start's first loss is far lower."""
+    target, cache = tiny["target"], tiny["cache"]
+    trained, res = train(target, cache, _cfg(kind, steps=30), progress=False)
+    heads = save_heads(kind, trained, target, tiny["root"] / f"warm-{kind}", {"loss": res.final_loss})
+    init = registry.get(kind).load(heads, target, False)
+    fresh_run = train(target, cache, _cfg(kind, steps=2), progress=False)[1]
+    kept, still = train(target, cache, _cfg(kind, steps=2, lr=0.0), progress=False, init=init)
+    for name, tensor in kept.state_dict().items():
+        if name in init.tensors:
+            assert torch.equal(tensor.to(init.tensors.load(name).dtype), init.tensors.load(name)), name
+    assert still.losses[0] < fresh_run.losses[0] - 0.5, (still.losses[0], fresh_run.losses[0])
+
+
+def test_a_warm_start_from_other_heads_is_refused(tiny):
+    target, cache = tiny["target"], tiny["cache"]
+    module, _ = train(target, cache, _cfg("dspark", steps=1, num_heads=3), progress=False)
+    init = registry.get("dspark").load(save_heads("dspark", module, target, tiny["root"] / "warm-b3"), target, False)
+    with pytest.raises(UsageError, match="block_size 3 but this run trains a block of 4"):
+        train(target, cache, _cfg("dspark", steps=1, num_heads=4), progress=False, init=init)
+    module, _ = train(target, cache, _cfg("medusa", steps=1, num_heads=2), progress=False)
+    init = registry.get("medusa").load(save_heads("medusa", module, target, tiny["root"] / "warm-m2"), target, False)
+    with pytest.raises(UsageError, match=r"--init-from .*warm-m2: not the medusa module this run trains \(missing"):
+        train(target, cache, _cfg("medusa", steps=1, num_heads=3), progress=False, init=init)
+
+
+def test_cli_init_from_heads_of_another_kind_is_one_error_line(tiny, tmp_path):
+    module, _ = train(tiny["target"], tiny["cache"], _cfg("medusa", steps=1), progress=False)
+    heads = save_heads("medusa", module, tiny["target"], tmp_path / "medusa")
+    args = ["train-heads", "-t", str(tiny["dir"]), "-k", "dspark", "-d", "chat:4", "-o", str(tmp_path / "h")]
+    r = CliRunner().invoke(main, args + ["--init-from", str(heads), "--steps", "1"])
+    assert r.exit_code != 0 and "Traceback" not in r.output, r.output
+    assert f"error: {heads}: --init-from holds medusa heads, not dspark" in r.output, r.output
+    assert not (tmp_path / "h").exists() and not (tmp_path / "h.cache").exists()

@@ -188,6 +188,14 @@ def _kinds(pred) -> str:
 )
 @click.option("--seed", default=0, show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in OUT.train/ (same options).")
+@click.option(
+    "--init-from",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Start from these trained heads (same kind and --num-heads) instead of a fresh drafter: goes on "
+    "training a finished run for --steps more under a new learning-rate schedule (--resume only finishes "
+    "an interrupted one). Pass another --seed to visit the data in another order.",
+)
 @click.option("--ckpt-every", default=50, show_default=True, type=click.IntRange(0))
 def train_heads_cmd(
     target,
@@ -218,6 +226,7 @@ def train_heads_cmd(
     eval_data,
     seed,
     resume,
+    init_from,
     ckpt_every,
 ):
     """Train draft heads on the target's own outputs (self-distillation) and write them for the loaders.
@@ -241,6 +250,7 @@ def train_heads_cmd(
     label_vocab = _label_vocab(label_vocab, draft_vocab, record)
     tgt = load_hf_causal_lm(target)
     tok = load_tokenizer(tgt)
+    init = _warm_start_heads(init_from, tgt, kind) if init_from is not None else None
     samples = load_samples(list(data), seed)
     if max_samples:
         samples = samples[:max_samples]
@@ -294,7 +304,7 @@ def train_heads_cmd(
         seed=seed,
         ckpt_every=ckpt_every,
     )
-    module, result = train(tgt, cache, cfg, ckpt_dir=out.with_name(out.name + ".train"), resume=resume)
+    module, result = train(tgt, cache, cfg, ckpt_dir=out.with_name(out.name + ".train"), resume=resume, init=init)
     if rank == 0:
         info = {
             "steps": result.steps,
@@ -347,6 +357,21 @@ def _report_heldout(target, out: Path, items, name: str, depth: int, gen_tokens:
                 "its data; more data (not more steps) raises acceptance",
                 err=True,
             )
+
+
+def _warm_start_heads(path: Path, target, kind: str):
+    """The heads --init-from names, read by ``kind``'s loader; heads of another kind are refused by name."""
+    from trtspec.errors import CheckpointError
+    from trtspec.load import load_drafter
+
+    found = registry.detect_or_none(path) if path.is_dir() else kind
+    if found != kind:
+        raise CheckpointError(
+            f"--init-from holds {found or 'no known'} heads, not {kind}",
+            path,
+            f"start from {kind} heads or pass --kind {found}",
+        )
+    return load_drafter(path, target, heads_format=kind, draft_vocab=0)
 
 
 def _label_vocab(choice: str, draft_vocab: int, record) -> str:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from trtspec.drafters import registry
 from trtspec.drafters.base import TrainingRecipe
 from trtspec.drafters.weights import train_init
 from trtspec.errors import UsageError
-from trtspec.spec import TargetSpec
+from trtspec.spec import DrafterSpec, TargetSpec
 
 
 def recipe(kind: str) -> TrainingRecipe:
@@ -43,3 +44,37 @@ def save_heads(
 ) -> Path:
     """Write trained heads in ``kind``'s published format, in the target's dtype."""
     return recipe(kind).save(module, target, out, info if info is not None else {}, rmsnorm=rmsnorm)
+
+
+def warm_start(module: nn.Module, init: DrafterSpec) -> None:
+    """Fill a fresh ``module`` with trained heads' weights, so a finished run can go on for more steps
+    under a new learning-rate schedule (``--resume`` replays one run's schedule and refuses another step
+    count). The heads must be the same kind and shape as the module this run would train: anything else
+    is a usage error naming the heads, never a half-loaded module."""
+    where = f"--init-from {init.path}"
+    block = getattr(module, "block_size", None)
+    if block is not None and int(init.config.get("block_size", block)) != block:
+        raise UsageError(
+            f"{where}: block_size {init.config['block_size']} but this run trains a block of {block}; "
+            "pass the --num-heads those heads were trained with"
+        )
+    own = dict(module.named_parameters()) | dict(module.named_buffers())
+    state = {n: init.tensors.load(n) for n in init.tensors if n != "embed_tokens.weight"}
+    unexpected = sorted(n for n in state if n not in own)
+    missing = sorted(n for n in own if n not in state and not n.endswith("inv_freq"))
+    shapes = sorted(n for n in state if n in own and tuple(state[n].shape) != tuple(own[n].shape))
+    if unexpected or missing or shapes:
+        detail = "; ".join(
+            f"{what} {names[:3]}"
+            for what, names in (("unexpected", unexpected), ("missing", missing), ("other shape", shapes))
+            if names
+        )
+        raise UsageError(f"{where}: not the {init.kind} module this run trains ({detail}); check --num-heads/--kind")
+    with torch.no_grad():
+        for name, tensor in state.items():
+            if name.endswith("d2t") and not torch.equal(own[name].to(tensor.dtype), tensor):
+                raise UsageError(
+                    f"{where}: the heads draft over another vocabulary than this cache picks; "
+                    "train on the data and --draft-vocab they were trained with"
+                )
+            own[name].copy_(tensor)

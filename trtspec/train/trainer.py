@@ -33,12 +33,12 @@ from torch import nn
 
 from trtspec.dtypes import resolve_dtype
 from trtspec.errors import UsageError
-from trtspec.spec import TargetSpec
+from trtspec.spec import DrafterSpec, TargetSpec
 from trtspec.train.aux_cache import layer_states
 from trtspec.train.block import BlockLoss, block_batch
 from trtspec.train.block import per_batch as block_per_batch
 from trtspec.train.cache import HiddenCache
-from trtspec.train.heads import make_module, recipe
+from trtspec.train.heads import make_module, recipe, warm_start
 from trtspec.train.losses import dense_ce, sparse_ce, targets
 from trtspec.train.unroll import unrolled
 
@@ -405,8 +405,10 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     device: str | None = None,
+    init: DrafterSpec | None = None,
 ) -> tuple[nn.Module, TrainResult]:
-    """Train a fresh head (or resume from ``ckpt_dir``) and return (module, result).
+    """Train a fresh head (or resume from ``ckpt_dir``) and return (module, result). ``init``: trained
+    heads of the same kind and shape to start from instead of a fresh initialisation (a warm start).
 
     ``stop_after`` ends the run early after that many steps (in total), checkpointing first -- how the
     tests simulate an interruption."""
@@ -437,6 +439,8 @@ def train(
 
         table = kind_recipe.prepare(module, target, token_ranking(cache, target.arch.vocab_size), cfg.draft_vocab)
         remap = _Remap(None, 0, table=table)
+    if init is not None:
+        warm_start(module, init)
     linear = kind_recipe.style == "heads"
     block = kind_recipe.style == "block"  # a block drafter: many anchors per window, context from aux layers
     reads_layers = kind_recipe.aux_layers is not None  # EAGLE-3's fused layers, a block drafter's context
@@ -485,6 +489,8 @@ def train(
     if not key["draft_vocab"]:  # checkpoints written before the option existed keep their key
         del key["draft_vocab"]
     key.update(total=total, cache=cache.meta.get("data_hash"), fingerprint=target.fingerprint)
+    if init is not None:  # a run without one keeps the key it always had
+        key["init_from"] = str(Path(init.path).resolve())
     if resume and ckpt is not None and ckpt.is_file():
         state = torch.load(ckpt, map_location=device, weights_only=True)
         if state["key"] != key:
