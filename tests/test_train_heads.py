@@ -460,3 +460,20 @@ def test_cli_init_from_heads_of_another_kind_is_one_error_line(tiny, tmp_path):
     assert r.exit_code != 0 and "Traceback" not in r.output, r.output
     assert f"error: {heads}: --init-from holds medusa heads, not dspark" in r.output, r.output
     assert not (tmp_path / "h").exists() and not (tmp_path / "h.cache").exists()
+
+
+def test_a_warm_start_takes_the_batches_after_those_its_heads_saw(tiny, tmp_path):
+    """first_batch k: step 0 trains on the batch a run from the start meets at step k (rate 0, so the
+    losses depend on the batch only); the CLI reads k from the steps and seed the heads record."""
+    from trtspec.cli.train import _trained_steps
+
+    target, cache = tiny["target"], tiny["cache"]
+    for kind in ("dspark", "mtp-linear"):
+        module, _ = train(target, cache, _cfg(kind, steps=3), progress=False)
+        heads = save_heads(kind, module, target, tmp_path / kind, {"steps": 3, "seed": 0})
+        init = registry.get(kind).load(heads, target, False)
+        whole = train(target, cache, _cfg(kind, steps=5, lr=0.0), progress=False, init=init)[1].losses
+        after = train(target, cache, _cfg(kind, steps=2, lr=0.0), progress=False, init=init, first_batch=3)[1].losses
+        assert after == whole[3:], (kind, whole, after)
+        assert whole[0] != whole[3]
+        assert _trained_steps(heads, 0) == 3 and _trained_steps(heads, 1) == 0

@@ -194,7 +194,7 @@ def _kinds(pred) -> str:
     default=None,
     help="Start from these trained heads (same kind and --num-heads) instead of a fresh drafter: goes on "
     "training a finished run for --steps more under a new learning-rate schedule (--resume only finishes "
-    "an interrupted one). Pass another --seed to visit the data in another order.",
+    "an interrupted one). With the --seed they record, it takes the batches that follow theirs.",
 )
 @click.option("--ckpt-every", default=50, show_default=True, type=click.IntRange(0))
 def train_heads_cmd(
@@ -251,6 +251,7 @@ def train_heads_cmd(
     tgt = load_hf_causal_lm(target)
     tok = load_tokenizer(tgt)
     init = _warm_start_heads(init_from, tgt, kind) if init_from is not None else None
+    first_batch = _trained_steps(init_from, seed) if init_from is not None else 0
     samples = load_samples(list(data), seed)
     if max_samples:
         samples = samples[:max_samples]
@@ -304,7 +305,9 @@ def train_heads_cmd(
         seed=seed,
         ckpt_every=ckpt_every,
     )
-    module, result = train(tgt, cache, cfg, ckpt_dir=out.with_name(out.name + ".train"), resume=resume, init=init)
+    module, result = train(
+        tgt, cache, cfg, ckpt_dir=out.with_name(out.name + ".train"), resume=resume, init=init, first_batch=first_batch
+    )
     if rank == 0:
         info = {
             "steps": result.steps,
@@ -372,6 +375,22 @@ def _warm_start_heads(path: Path, target, kind: str):
             f"start from {kind} heads or pass --kind {found}",
         )
     return load_drafter(path, target, heads_format=kind, draft_vocab=0)
+
+
+def _trained_steps(path: Path, seed: int) -> int:
+    """How many steps the heads at ``path`` record training with ``seed`` (0 when they record none, or
+    another seed): a warm start then takes the batches that follow theirs in the data order."""
+    for name, key in (("config.json", "trtspec_training"), ("trtspec_heads.json", "training")):
+        try:
+            info = json.loads((path / name).read_text()).get(key) or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        if info.get("seed", 0) == seed and isinstance(info.get("steps"), int):
+            click.echo(
+                f"warm start from {path} ({info['steps']} steps): this run takes the batches after theirs", err=True
+            )
+            return int(info["steps"])
+    return 0
 
 
 def _label_vocab(choice: str, draft_vocab: int, record) -> str:

@@ -406,9 +406,12 @@ def train(
     stop_after: int | None = None,
     device: str | None = None,
     init: DrafterSpec | None = None,
+    first_batch: int = 0,
 ) -> tuple[nn.Module, TrainResult]:
     """Train a fresh head (or resume from ``ckpt_dir``) and return (module, result). ``init``: trained
-    heads of the same kind and shape to start from instead of a fresh initialisation (a warm start).
+    heads of the same kind and shape to start from instead of a fresh initialisation (a warm start);
+    ``first_batch``: step 0 takes the data order's batch of that index, so a warm start from heads trained
+    N steps with the same seed takes the batches that follow theirs, not the ones they already saw.
 
     ``stop_after`` ends the run early after that many steps (in total), checkpointing first -- how the
     tests simulate an interruption."""
@@ -491,6 +494,8 @@ def train(
     key.update(total=total, cache=cache.meta.get("data_hash"), fingerprint=target.fingerprint)
     if init is not None:  # a run without one keeps the key it always had
         key["init_from"] = str(Path(init.path).resolve())
+    if first_batch:
+        key["first_batch"] = first_batch
     if resume and ckpt is not None and ckpt.is_file():
         state = torch.load(ckpt, map_location=device, weights_only=True)
         if state["key"] != key:
@@ -541,7 +546,7 @@ def train(
         for step in range(start, total):
             if stop_after is not None and step >= stop_after:
                 break
-            epoch, b = divmod(step, steps_per_epoch)
+            epoch, b = divmod(step + first_batch, steps_per_epoch)
             ids = _epoch_perm(universe, cfg.seed, epoch)[b * per_batch : (b + 1) * per_batch]
             ids = _slice(ids, rank, world)
             if linear:
@@ -556,7 +561,7 @@ def train(
                     module.num_drafts,
                     module.mask_token_id,
                     cfg.seed,
-                    step,
+                    step + first_batch,
                     cfg.train_on == "generated",
                     want_topk,
                 )
