@@ -28,12 +28,17 @@ def load_module(
     module: nn.Module, drafter: DrafterSpec, dtype: torch.dtype, optional: tuple[str, ...] = ()
 ) -> nn.Module:
     """Fill a head module from the drafter's canonical tensors (names = parameter names)."""
-    state = {n: drafter.tensors.load(n) for n in drafter.tensors if n != "embed_tokens.weight"}
+    state = module_state(drafter)
     missing, unexpected = module.load_state_dict(state, strict=False)
     missing = [m for m in missing if m not in optional and not m.endswith("inv_freq")]
     if missing or unexpected:
         raise KeyError(f"{drafter.kind} heads: missing {missing[:4]}, unexpected {unexpected[:4]}")
     return module.to(dtype).eval()
+
+
+def module_state(drafter: DrafterSpec) -> dict[str, torch.Tensor]:
+    """The drafter's tensors its module holds, by canonical name: all but the target's shared embedding."""
+    return {n: drafter.tensors.load(n) for n in drafter.tensors if n != "embed_tokens.weight"}
 
 
 def pad_rows(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from torch import nn
 
 from trtspec.drafters import registry
 from trtspec.drafters.base import TrainingRecipe
+from trtspec.drafters.proposers import module_state
 from trtspec.drafters.weights import train_init
 from trtspec.errors import UsageError
 from trtspec.spec import DrafterSpec, TargetSpec
@@ -58,10 +59,10 @@ def warm_start(module: nn.Module, init: DrafterSpec) -> None:
             f"{where}: block_size {init.config['block_size']} but this run trains a block of {block}; "
             "pass the --num-heads those heads were trained with"
         )
-    own = dict(module.named_parameters()) | dict(module.named_buffers())
-    state = {n: init.tensors.load(n) for n in init.tensors if n != "embed_tokens.weight"}
+    own = module.state_dict()  # views of the module's tensors (non-persistent buffers such as inv_freq left out)
+    state = module_state(init)
     unexpected = sorted(n for n in state if n not in own)
-    missing = sorted(n for n in own if n not in state and not n.endswith("inv_freq"))
+    missing = sorted(n for n in own if n not in state)
     shapes = sorted(n for n in state if n in own and tuple(state[n].shape) != tuple(own[n].shape))
     if unexpected or missing or shapes:
         detail = "; ".join(
