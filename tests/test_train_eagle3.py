@@ -32,8 +32,8 @@ from trtspec.runtime.generate import GenerationConfig, SpeculativeGenerator
 from trtspec.train.aux_cache import aux_dir
 from trtspec.train.cache import HiddenCache, build_cache
 from trtspec.train.draft_vocab import token_ranking
-from trtspec.train.heads import save_heads
-from trtspec.train.trainer import TrainConfig, train
+from trtspec.train.heads import make_module, recipe, save_heads
+from trtspec.train.trainer import RecurrentLoss, TrainConfig, _own_vocab_rows, train
 
 KIND = "eagle3"
 VOCAB = 128
@@ -257,3 +257,73 @@ def test_a_killed_training_process_resumes_to_the_same_loss(tiny, tmp_path):
     assert _final_loss(resumed.stdout) == f"{ref.final_loss:.4f}"
     written = load_file(str(tmp_path / "run" / "model.safetensors"))
     assert torch.equal(written["fc.weight"], module.fc.weight.detach().to(written["fc.weight"].dtype))
+
+
+# --soft-labels full: the target's whole softmax over the loss vocabulary -----------------------------
+
+
+def _loss_module(own_vocab: bool, V: int = 24, H: int = 16, sw: float = 1.0):
+    torch.manual_seed(0)
+    teacher = torch.randn(V, H)
+    cfg = _cfg(soft_weight=sw, soft_labels="full")
+    return RecurrentLoss(torch.nn.Linear(1, 1), torch.zeros(4, H), teacher, cfg, own_vocab=own_vocab, teacher=teacher)
+
+
+@pytest.mark.parametrize("own_vocab", [True, False])
+def test_full_soft_loss_is_least_where_the_drafter_matches_the_targets_softmax(own_vocab):
+    """With weight 1 the loss is the cross-entropy to softmax(h_next @ teacher.T): the drafter that
+    reproduces the target's logits scores the target's entropy, any other scores more; invalid rows add
+    nothing; with weight 0 it is the hard label's cross-entropy."""
+    loss = _loss_module(own_vocab)
+    h = torch.randn(6, 16)
+    lab = torch.tensor([3, 1, 0, 7, -1, 5])
+    valid = lab >= 0
+    exact = h @ loss.teacher.T if own_vocab else h  # own vocab: logits; else the state the lm_head reads
+    p = torch.softmax(h @ loss.teacher.T, -1)
+    entropy = -(p * p.log()).sum(-1)[valid].sum()
+    got = loss._full_soft_ce(exact, h, lab, valid)
+    assert torch.allclose(got, entropy, rtol=1e-5)
+    assert loss._full_soft_ce(exact + 0.3 * torch.randn_like(exact), h, lab, valid) > got
+    loss.cfg.soft_weight = 0.0
+    logits = h @ loss.teacher.T
+    hard = -torch.log_softmax(logits, -1)[valid].gather(1, lab[valid][:, None]).sum()
+    assert torch.allclose(loss._full_soft_ce(exact, h, lab, valid), hard, rtol=1e-5)
+
+
+def test_full_soft_teacher_rows_follow_the_draft_vocabulary_order(tiny):
+    """EAGLE-3's teacher is the target's lm_head at the draft ids, in d2t order: exactly the rows its own
+    lm_head starts from."""
+    target, cache = tiny["target"], tiny["cache"]
+    module = make_module(KIND, target, 1, True, 0)
+    table = recipe(KIND).prepare(module, target, token_ranking(cache, VOCAB), 24)
+    rows = _own_vocab_rows(target, table)
+    assert rows.shape == module.lm_head.weight.shape
+    assert torch.equal(rows, module.lm_head.weight.detach().float())
+
+
+@pytest.mark.parametrize("kind", [KIND, "eagle"])
+def test_full_soft_labels_train_without_a_topk_cache(tiny, tmp_path, kind):
+    items = tiny["items"][:12]
+    plain = build_cache(tiny["target"], items, tmp_path / "plain", gen_tokens=16, batch_size=4, progress=False)
+    assert not HiddenCache(plain).has_topk
+    cfg = _cfg(kind=kind, steps=12, soft_weight=0.7, soft_labels="full", draft_vocab=32, unroll=2, batch_tokens=128)
+    if kind == "eagle":
+        cfg.label_vocab = "draft"
+    _, res = train(tiny["target"], HiddenCache(plain), cfg, progress=False)
+    assert np.isfinite(res.losses).all()
+    assert np.mean(res.losses[-3:]) < np.mean(res.losses[:3])
+    with pytest.raises(UsageError, match="needs a cache built with --topk"):
+        train(tiny["target"], HiddenCache(plain), _cfg(kind=kind, steps=1, soft_weight=0.7), progress=False)
+
+
+def test_cli_full_soft_labels_on_a_block_kind_is_one_error_line(tiny, tmp_path):
+    data = _jsonl(tmp_path / "d.jsonl", 4)
+    out = tmp_path / "heads"
+    args = _cli(tiny["dir"], data, out, "--steps", "1", "--soft-weight", "0.5", "--soft-labels", "full")
+    args[args.index(KIND)] = "dspark"
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2
+    assert len([ln for ln in r.output.splitlines() if ln.startswith("error:")]) == 1
+    assert "--soft-labels topk" in r.output and not out.exists() and not (tmp_path / "heads.cache").exists()
+    r = CliRunner().invoke(main, _cli(tiny["dir"], data, out, "--steps", "1", "--soft-weight", "0.5"))
+    assert r.exit_code == 2 and "--soft-labels full" in r.output

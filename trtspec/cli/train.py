@@ -141,7 +141,17 @@ def _kinds(pred) -> str:
     default=0.0,
     show_default=True,
     type=click.FloatRange(0.0, 1.0),
-    help="Weight of the target's top-k distribution in the loss (needs --topk).",
+    help="Weight of the target's distribution in the loss (see --soft-labels); the hard label keeps the rest.",
+)
+@click.option(
+    "--soft-labels",
+    type=click.Choice(["topk", "full"]),
+    default="topk",
+    show_default=True,
+    help="The target distribution --soft-weight distills. topk: its cached top-k logits (needs --topk). "
+    "full: its whole softmax over the loss vocabulary (the draft vocabulary with --draft-vocab), "
+    "recomputed from the cached hidden state, as SafeAILab's EAGLE/EAGLE-3 trainers distill; recurrent "
+    "kinds (eagle, eagle3, mtp-single), no --topk needed.",
 )
 @click.option(
     "--train-on",
@@ -219,6 +229,7 @@ def train_heads_cmd(
     warmup,
     unroll,
     soft_weight,
+    soft_labels,
     train_on,
     label_vocab,
     lm_dtype,
@@ -243,11 +254,14 @@ def train_heads_cmd(
     from trtspec.train.cache import HiddenCache, build_cache
     from trtspec.train.data import check_lengths, check_token_ids, load_samples
     from trtspec.train.heads import horizon, save_heads
-    from trtspec.train.trainer import TrainConfig, dist_info, train
+    from trtspec.train.trainer import TrainConfig, check_soft_labels, dist_info, train
 
     cache_choice, lm_choice = resolve_dtype(cache_dtype), resolve_dtype(lm_dtype)
     record = registry.get(kind)
     label_vocab = _label_vocab(label_vocab, draft_vocab, record)
+    check_soft_labels(kind, record.training.style, soft_labels, soft_weight)
+    if soft_weight > 0 and soft_labels == "topk" and topk == 0:
+        raise UsageError("--soft-weight needs --topk > 0 (the cached target distribution) or --soft-labels full")
     tgt = load_hf_causal_lm(target)
     tok = load_tokenizer(tgt)
     init = _warm_start_heads(init_from, tgt, kind) if init_from is not None else None
@@ -261,8 +275,6 @@ def train_heads_cmd(
     hz = horizon(kind, num_heads, unroll)
     if distill == "teacher":
         check_lengths(items, hz)
-    if soft_weight > 0 and topk == 0:
-        raise UsageError("--soft-weight needs --topk > 0 (the cached target distribution)")
     rank, world, _ = dist_info()
     cache_dir = cache_dir or out.with_name(out.name + ".cache")
     setup_compute(cache_dtype, echo=lambda line: click.echo(f"cache {line}", err=True))  # inputs are valid: announce
@@ -298,6 +310,7 @@ def train_heads_cmd(
         lr=lr,
         warmup=warmup,
         soft_weight=soft_weight,
+        soft_labels=soft_labels,
         train_on=train_on,
         label_vocab=label_vocab,
         lm_dtype=lm_choice.name,

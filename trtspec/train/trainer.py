@@ -57,7 +57,9 @@ class TrainConfig:
     warmup: int | None = None  # linear warm-up steps; None: 10% of the run, at most 20 (warmup_steps)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    soft_weight: float = 0.0  # weight of the target's cached top-k distribution (needs a --topk cache)
+    soft_weight: float = 0.0  # weight of the target's distribution in the loss (see soft_labels)
+    soft_labels: str = "topk"  # "topk": the cached top-k logits (needs a --topk cache); "full": the target's
+    # whole softmax over the loss vocabulary, recomputed from the cached final hidden state (recurrent kinds)
     reg_weight: float = 1.0  # eagle feature regression
     step_decay: float = 0.8  # weight of unrolled step s = step_decay ** s
     lm_dtype: str = "auto"  # dtype of the shared lm_head matmul; auto: bf16 where native (~2x faster), else fp32
@@ -76,6 +78,8 @@ class TrainConfig:
             raise UsageError("--label-vocab must be full, cache or draft")
         if self.label_vocab == "draft" and self.draft_vocab < 1:
             raise UsageError("--label-vocab draft needs --draft-vocab N (N >= 1)")
+        if self.soft_labels not in ("topk", "full"):
+            raise UsageError("--soft-labels must be topk or full")
         if self.batch_tokens < 1 or self.unroll < 1 or self.num_heads < 1:
             raise UsageError("--batch-tokens, --unroll and --num-heads must be >= 1")
 
@@ -272,6 +276,7 @@ class RecurrentLoss(nn.Module):
         cfg: TrainConfig,
         feature_regression: bool = False,
         own_vocab: bool = False,
+        teacher: torch.Tensor | None = None,
     ):
         super().__init__()
         self.module, self.cfg = module, cfg
@@ -280,6 +285,8 @@ class RecurrentLoss(nn.Module):
         self.register_buffer("eye", torch.eye(embed.shape[1], dtype=embed.dtype), persistent=False)
         self.feature_regression = feature_regression  # EAGLE: also regress the target's next hidden state
         self.own_vocab = own_vocab  # the module's logits are over its own (trained) vocabulary
+        # soft_labels full: the target's lm_head rows of the loss vocabulary, in its order [V_loss, H]
+        self.register_buffer("teacher", teacher, persistent=False)
 
     def forward(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         results = unrolled(
@@ -291,13 +298,16 @@ class RecurrentLoss(nn.Module):
         for s, (out, z) in enumerate(results):
             lab = batch["labels"][s].flatten()
             valid = (lab >= 0) & batch["valid"].flatten()
-            tk = batch["topk_ids"][s].flatten(0, 1) if "topk_ids" in batch else None
-            tv = batch["topk_logits"][s].flatten(0, 1) if "topk_logits" in batch else None
-            idx, w = targets(lab, valid, tk, tv, self.cfg.soft_weight)
-            if self.own_vocab:
-                ce = dense_ce(z.reshape(-1, z.shape[-1]), idx, w)
+            if self.teacher is not None:
+                ce = self._full_soft_ce(z, batch["next_hidden"][s].reshape(-1, H), lab, valid)
             else:
-                ce = sparse_ce(z.reshape(-1, H), self.lm_head, idx, w)
+                tk = batch["topk_ids"][s].flatten(0, 1) if "topk_ids" in batch else None
+                tv = batch["topk_logits"][s].flatten(0, 1) if "topk_logits" in batch else None
+                idx, w = targets(lab, valid, tk, tv, self.cfg.soft_weight)
+                if self.own_vocab:
+                    ce = dense_ce(z.reshape(-1, z.shape[-1]), idx, w)
+                else:
+                    ce = sparse_ce(z.reshape(-1, H), self.lm_head, idx, w)
             n = valid.sum().clamp_min(1)
             step_loss = ce / n
             if self.feature_regression and self.cfg.reg_weight > 0:
@@ -307,6 +317,26 @@ class RecurrentLoss(nn.Module):
             losses.append(ce.detach())
             counts.append(valid.sum())
         return total, torch.stack(losses), torch.stack(counts).float()
+
+    def _full_soft_ce(self, z: torch.Tensor, h_next: torch.Tensor, lab: torch.Tensor, valid: torch.Tensor):
+        """Sum over valid rows of (1 - w) CE(hard label) + w CE(the target's whole softmax over the loss
+        vocabulary), the target's logits recomputed from its cached post-norm hidden state h_{q+s+1} (the
+        state that chose the label). Why: the full distribution tells the drafter how the target ranks
+        every candidate, not only its top-k, which is how SafeAILab's EAGLE and EAGLE-3 trainers distill
+        (the target's lm_head, restricted to the draft vocabulary for EAGLE-3, softmaxed); a row whose
+        label lies outside the loss vocabulary (-1) is ignored, as there."""
+        V = self.teacher.shape[0]
+        logits = (
+            z.reshape(-1, V)
+            if self.own_vocab
+            else F.linear(z.reshape(-1, z.shape[-1]).to(self.lm_head.dtype), self.lm_head)
+        )
+        logp = torch.log_softmax(logits.float(), -1)
+        with torch.no_grad():
+            p = torch.softmax(F.linear(h_next.to(self.teacher.dtype), self.teacher).float(), -1)
+        sw, v = self.cfg.soft_weight, valid.float()
+        hard = logp.gather(1, lab.clamp_min(0)[:, None]).squeeze(1)
+        return -(((1 - sw) * hard + sw * (logp * p).sum(-1)) * v).sum()
 
 
 # The loop ----------------------------------------------------------------------------------------------
@@ -390,6 +420,25 @@ class _Remap:
         return batch
 
 
+def check_soft_labels(kind: str, style: str, soft_labels: str, soft_weight: float) -> None:
+    """--soft-labels full recomputes the target's distribution from the cached hidden state of the
+    position that chose each label: the recurrent kinds' batches carry that state (their regression
+    target); the others read the cached top-k."""
+    if soft_weight > 0 and soft_labels == "full" and style != "recurrent":
+        raise UsageError(
+            f"--soft-labels full applies to the recurrent kinds (eagle, eagle3, mtp-single), not {kind}: "
+            "pass --soft-labels topk with --topk K"
+        )
+
+
+def _own_vocab_rows(target: TargetSpec, table: torch.Tensor) -> torch.Tensor:
+    """The target's lm_head rows of a kind's own output vocabulary, in its order: ``table`` maps target id
+    -> output id (-1 outside), so output id i reads the row of the target id that maps to i."""
+    ids = torch.nonzero(table >= 0).flatten()
+    ids = ids[table[ids].argsort()]
+    return target.tensors.load(target.lm_head_name).float()[ids]
+
+
 def _atomic_save(obj, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     torch.save(obj, tmp)
@@ -448,9 +497,14 @@ def train(
     block = kind_recipe.style == "block"  # a block drafter: many anchors per window, context from aux layers
     reads_layers = kind_recipe.aux_layers is not None  # EAGLE-3's fused layers, a block drafter's context
     aux = layer_states(cache, target, kind_recipe.aux_layers(target), progress and rank == 0) if reads_layers else None
-    want_topk = cfg.soft_weight > 0
+    full_soft = cfg.soft_weight > 0 and cfg.soft_labels == "full"
+    want_topk = cfg.soft_weight > 0 and not full_soft
     if want_topk and not cache.has_topk:
         raise UsageError("--soft-weight needs a cache built with --topk > 0")
+    check_soft_labels(cfg.kind, kind_recipe.style, cfg.soft_labels, cfg.soft_weight)
+    teacher = None
+    if full_soft:
+        teacher = lm if kind_recipe.prepare is None else _own_vocab_rows(target, remap.table).to(lm_dtype)
     if linear:
         pos = _Positions(cache, cfg.train_on == "generated")
         universe = len(pos)
@@ -473,7 +527,13 @@ def train(
         else BlockLoss(module, embed, lm, cfg.step_decay, label_ids, soft_weight=cfg.soft_weight)
         if block
         else RecurrentLoss(
-            module, embed, lm, cfg, kind_recipe.feature_regression, own_vocab=kind_recipe.prepare is not None
+            module,
+            embed,
+            lm,
+            cfg,
+            kind_recipe.feature_regression,
+            own_vocab=kind_recipe.prepare is not None,
+            teacher=teacher,
         )
     )
     wrapper = wrapper.to(device)
@@ -491,6 +551,8 @@ def train(
     key = {k: v for k, v in asdict(cfg).items() if k not in ("steps", "epochs", "ckpt_every", "log_every")}
     if not key["draft_vocab"]:  # checkpoints written before the option existed keep their key
         del key["draft_vocab"]
+    if key["soft_labels"] == "topk":  # likewise
+        del key["soft_labels"]
     key.update(total=total, cache=cache.meta.get("data_hash"), fingerprint=target.fingerprint)
     if init is not None:  # a run without one keeps the key it always had
         key["init_from"] = str(Path(init.path).resolve())
