@@ -150,8 +150,8 @@ def _kinds(pred) -> str:
     show_default=True,
     help="The target distribution --soft-weight distills. topk: its cached top-k logits (needs --topk). "
     "full: its whole softmax over the loss vocabulary (the draft vocabulary with --draft-vocab), "
-    "recomputed from the cached hidden state, as SafeAILab's EAGLE/EAGLE-3 trainers distill; recurrent "
-    "kinds (eagle, eagle3, mtp-single), no --topk needed.",
+    "recomputed from the cached hidden state, as SafeAILab's EAGLE/EAGLE-3 trainers distill; "
+    f"{_kinds(lambda r: r.style == 'recurrent')} only, no --topk needed.",
 )
 @click.option(
     "--train-on",

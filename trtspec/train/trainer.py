@@ -425,8 +425,11 @@ def check_soft_labels(kind: str, style: str, soft_labels: str, soft_weight: floa
     position that chose each label: the recurrent kinds' batches carry that state (their regression
     target); the others read the cached top-k."""
     if soft_weight > 0 and soft_labels == "full" and style != "recurrent":
+        from trtspec.drafters import registry
+
+        recurrent = ", ".join(n for n, k in registry.KINDS.items() if k.training and k.training.style == "recurrent")
         raise UsageError(
-            f"--soft-labels full applies to the recurrent kinds (eagle, eagle3, mtp-single), not {kind}: "
+            f"--soft-labels full applies to the recurrent kinds ({recurrent}), not {kind}: "
             "pass --soft-labels topk with --topk K"
         )
 
