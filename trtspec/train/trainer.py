@@ -434,12 +434,11 @@ def check_soft_labels(kind: str, style: str, soft_labels: str, soft_weight: floa
         )
 
 
-def _own_vocab_rows(target: TargetSpec, table: torch.Tensor) -> torch.Tensor:
-    """The target's lm_head rows of a kind's own output vocabulary, in its order: ``table`` maps target id
-    -> output id (-1 outside), so output id i reads the row of the target id that maps to i."""
+def _own_vocab_rows(lm_head: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The target's ``lm_head`` rows of a kind's own output vocabulary, in its order: ``table`` maps target
+    id -> output id (-1 outside), so output id i reads the row of the target id that maps to i."""
     ids = torch.nonzero(table >= 0).flatten()
-    ids = ids[table[ids].argsort()]
-    return target.tensors.load(target.lm_head_name).float()[ids]
+    return lm_head[ids[table[ids].argsort()]]
 
 
 def _atomic_save(obj, path: Path) -> None:
@@ -507,7 +506,7 @@ def train(
     check_soft_labels(cfg.kind, kind_recipe.style, cfg.soft_labels, cfg.soft_weight)
     teacher = None
     if full_soft:
-        teacher = lm if kind_recipe.prepare is None else _own_vocab_rows(target, remap.table).to(lm_dtype)
+        teacher = lm if kind_recipe.prepare is None else _own_vocab_rows(lm, remap.table)  # lm: the full rows here
     if linear:
         pos = _Positions(cache, cfg.train_on == "generated")
         universe = len(pos)
