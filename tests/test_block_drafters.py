@@ -454,3 +454,45 @@ def test_dspark_over_a_draft_vocabulary(tiny, spark, tmp_path):
     subset = torch.randperm(V, generator=torch.Generator().manual_seed(4))[: V // 4]
     save_draft_vocab(subset_dir, subset)
     assert torch.isin(proposals(subset_dir), subset).all()
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_draft_layers_sets_a_block_drafters_depth_and_init_from_keeps_it(tmp_path, kind):
+    """--draft-layers 3 trains a three-layer drafter that the public loader reads back as three layers and
+    that decodes token-identical to greedy; --init-from those heads goes on at their depth; a kind of fixed
+    depth refuses the option before any caching."""
+    from click.testing import CliRunner
+    from safetensors import safe_open
+
+    from trtspec.cli import main
+    from trtspec.demo.tokenizer import write_char_tokenizer
+
+    tdir = make_tiny_llama(tmp_path / "target", seed=0, vocab_size=128, num_hidden_layers=3)
+    write_char_tokenizer(tdir, 128)
+    data = tmp_path / "d.jsonl"
+    data.write_text(
+        "".join(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"}]}) + "\n" for i in range(8))
+    )
+    base = ["train-heads", "-t", str(tdir), "-d", str(data), "--gen-tokens", "12", "--batch-tokens", "64"]
+    args = [*base, "-k", kind, "--num-heads", "4", "--steps", "2", "--cache", str(tmp_path / "c")]
+    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "h3"), "--draft-layers", "3"])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "h3" / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 3
+    with safe_open(str(tmp_path / "h3" / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert any(n.startswith("layers.2.") for n in names) and not any(n.startswith("layers.3.") for n in names)
+    spec = load_spec_model(tdir, tmp_path / "h3")
+    assert spec.drafter.arch.num_hidden_layers == 3
+    gen = SpeculativeGenerator(spec, dtype=torch.float32)
+    prompts = [[5, 9, 17, 3], [60, 61, 62, 63, 64, 65, 66]]
+    plain = gen.generate(prompts, GenerationConfig(max_new_tokens=16, speculative=False))
+    assert gen.generate(prompts, GenerationConfig(max_new_tokens=16)).tokens == plain.tokens
+
+    r = CliRunner().invoke(main, [*args, "-o", str(tmp_path / "more"), "--init-from", str(tmp_path / "h3")])
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "more" / "config.json").read_text())["num_hidden_layers"] == 3
+
+    r = CliRunner().invoke(main, [*base, "-k", "eagle", "-o", str(tmp_path / "e"), "--draft-layers", "3"])
+    assert r.exit_code == 2 and "error:" in r.output and "dflash" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "e").exists() and not (tmp_path / "e.cache").exists()

@@ -59,6 +59,14 @@ def _kinds(pred) -> str:
     help=f"Heads (tokens ahead) for {_kinds(lambda r: r.uses_num_heads)}.",
 )
 @click.option(
+    "--draft-layers",
+    default=None,
+    type=click.IntRange(1, 32),
+    help=f"Decoder layers of a fresh {_kinds(lambda r: r.uses_draft_layers)} drafter (default 2; "
+    "with --init-from, the heads' own). Deeper drafts better and costs more per step, in training and "
+    "at every drafting step; the public configs record it as num_hidden_layers.",
+)
+@click.option(
     "--rmsnorm/--no-rmsnorm",
     default=True,
     show_default=True,
@@ -213,6 +221,7 @@ def train_heads_cmd(
     data,
     out,
     num_heads,
+    draft_layers,
     rmsnorm,
     cache_dir,
     distill,
@@ -253,18 +262,21 @@ def train_heads_cmd(
     from trtspec.load import load_tokenizer
     from trtspec.train.cache import HiddenCache, build_cache
     from trtspec.train.data import check_lengths, check_token_ids, load_samples
-    from trtspec.train.heads import horizon, save_heads
+    from trtspec.train.heads import check_draft_layers, horizon, save_heads
     from trtspec.train.trainer import TrainConfig, check_soft_labels, dist_info, train
 
     cache_choice, lm_choice = resolve_dtype(cache_dtype), resolve_dtype(lm_dtype)
     record = registry.get(kind)
     label_vocab = _label_vocab(label_vocab, draft_vocab, record)
     check_soft_labels(kind, record.training.style, soft_labels, soft_weight)
+    check_draft_layers(kind, draft_layers)
     if soft_weight > 0 and soft_labels == "topk" and topk == 0:
         raise UsageError("--soft-weight needs --topk > 0 (the cached target distribution) or --soft-labels full")
     tgt = load_hf_causal_lm(target)
     tok = load_tokenizer(tgt)
     init = _warm_start_heads(init_from, tgt, kind) if init_from is not None else None
+    if init is not None and draft_layers is None and record.training.uses_draft_layers:
+        draft_layers = init.arch.num_hidden_layers  # go on training the heads' own depth
     first_batch = _trained_steps(init_from, seed) if init_from is not None else 0
     samples = load_samples(list(data), seed)
     if max_samples:
@@ -302,6 +314,7 @@ def train_heads_cmd(
     cfg = TrainConfig(
         kind=kind,
         num_heads=num_heads,
+        draft_layers=draft_layers,
         rmsnorm=rmsnorm,
         unroll=unroll,
         batch_tokens=batch_tokens,

@@ -228,10 +228,18 @@ def train_aux_layers(target: TargetSpec) -> tuple[int, ...]:
     return tuple(i + 1 for i in default_layer_ids(target.arch.num_hidden_layers, CONTEXT_LAYERS))
 
 
-def new_backbone(target: TargetSpec, block_size: int, cls: type[BlockDraftModel] = BlockDraftModel, **extra):
-    """A fresh backbone for ``target``: DRAFT_LAYERS Qwen3-style layers of the target's widths, context
-    from CONTEXT_LAYERS target layers, the target's mask token. ``extra`` goes to ``cls``."""
-    arch = layer_arch(target.arch, model_type="qwen3", qk_norm=True, num_hidden_layers=DRAFT_LAYERS)
+def new_backbone(
+    target: TargetSpec,
+    block_size: int,
+    cls: type[BlockDraftModel] = BlockDraftModel,
+    num_layers: int | None = None,
+    **extra,
+):
+    """A fresh backbone for ``target``: ``num_layers`` (default DRAFT_LAYERS) Qwen3-style layers of the
+    target's widths, context from CONTEXT_LAYERS target layers, the target's mask token. ``extra`` goes
+    to ``cls``."""
+    layers = num_layers or DRAFT_LAYERS
+    arch = layer_arch(target.arch, model_type="qwen3", qk_norm=True, num_hidden_layers=layers)
     return cls(arch, target.arch.hidden_size, train_aux_layers(target), block_size, mask_token(target)[0], **extra)
 
 

@@ -45,9 +45,12 @@ def build(spec: DrafterSpec, target, dtype: torch.dtype):
     return build_block_drafter(spec, target, dtype, module_for(spec, target.arch.hidden_size))
 
 
-def new_module(target: TargetSpec, num_heads: int = DEMO_BLOCK - 1, rmsnorm: bool = True) -> BlockDraftModel:
-    """A fresh drafter whose block drafts ``num_heads`` tokens (block size num_heads + 1)."""
-    return new_backbone(target, num_heads + 1)
+def new_module(
+    target: TargetSpec, num_heads: int = DEMO_BLOCK - 1, rmsnorm: bool = True, num_layers: int | None = None
+) -> BlockDraftModel:
+    """A fresh drafter whose block drafts ``num_heads`` tokens (block size num_heads + 1), ``num_layers``
+    decoder layers deep (None: the backbone's default)."""
+    return new_backbone(target, num_heads + 1, num_layers=num_layers)
 
 
 def save(
@@ -88,7 +91,9 @@ KIND = DrafterKind(
         )
     ),
     pytorch=PyTorchRoute(decoding_type="DFlash", draft_format="dflash"),
-    training=TrainingRecipe("block", new_module, save, uses_num_heads=True, aux_layers=train_aux_layers),
+    training=TrainingRecipe(
+        "block", new_module, save, uses_num_heads=True, uses_draft_layers=True, aux_layers=train_aux_layers
+    ),
     formats=("dflash",),
     export_formats=("dflash",),
     max_tree_depth=lambda spec: int(spec.config["block_size"]) - 1,

@@ -104,12 +104,16 @@ def build(spec: DrafterSpec, target, dtype: torch.dtype):
     return build_block_drafter(spec, target, dtype, module, min_survival=min_survival)
 
 
-def new_module(target: TargetSpec, num_heads: int = DEMO_BLOCK, rmsnorm: bool = True) -> MarkovBlockDraftModel:
-    """A fresh drafter drafting ``num_heads`` tokens per block (block size = num_heads: next-token drafts)."""
+def new_module(
+    target: TargetSpec, num_heads: int = DEMO_BLOCK, rmsnorm: bool = True, num_layers: int | None = None
+) -> MarkovBlockDraftModel:
+    """A fresh drafter drafting ``num_heads`` tokens per block (block size = num_heads: next-token drafts),
+    ``num_layers`` decoder layers deep (None: the backbone's default)."""
     return new_backbone(
         target,
         num_heads,
         MarkovBlockDraftModel,
+        num_layers=num_layers,
         vocab_size=target.arch.vocab_size,
         markov_rank=min(MARKOV_RANK, target.arch.hidden_size),
     )
@@ -168,7 +172,9 @@ KIND = DrafterKind(
         )
     ),
     pytorch=PyTorchRoute(decoding_type="DSpark", draft_format="dspark"),
-    training=TrainingRecipe("block", new_module, save, uses_num_heads=True, aux_layers=train_aux_layers),
+    training=TrainingRecipe(
+        "block", new_module, save, uses_num_heads=True, uses_draft_layers=True, aux_layers=train_aux_layers
+    ),
     formats=("dspark",),
     max_tree_depth=lambda spec: int(spec.config["block_size"]),
 )

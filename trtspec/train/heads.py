@@ -27,12 +27,30 @@ def recipe(kind: str) -> TrainingRecipe:
     return record.training
 
 
-def make_module(kind: str, target: TargetSpec, num_heads: int = 3, rmsnorm: bool = True, seed: int = 0) -> nn.Module:
+def check_draft_layers(kind: str, draft_layers: int | None) -> None:
+    """Refuse ``--draft-layers`` for a kind of fixed depth, naming the kinds that take it."""
+    if draft_layers is not None and not recipe(kind).uses_draft_layers:
+        deep = [n for n in registry.trainable() if registry.get(n).training.uses_draft_layers]
+        raise UsageError(f"--draft-layers: {kind} has a fixed depth; only {', '.join(deep)} take a layer count")
+
+
+def make_module(
+    kind: str,
+    target: TargetSpec,
+    num_heads: int = 3,
+    rmsnorm: bool = True,
+    seed: int = 0,
+    draft_layers: int | None = None,
+) -> nn.Module:
     """A freshly initialised module. Heads-style kinds start as the identity (ResBlock weights 0), so
     before training every head proposes the target's own next token; recurrent kinds get a small normal
-    init (std 0.02, norms 1), as Llama layers do."""
+    init (std 0.02, norms 1), as Llama layers do. ``draft_layers``: decoder layers of a kind whose
+    recipe has ``uses_draft_layers`` (None: the kind's default)."""
     r = recipe(kind)
-    return train_init(r.new_module(target, num_heads=num_heads, rmsnorm=rmsnorm), seed, identity=r.style == "heads")
+    check_draft_layers(kind, draft_layers)
+    extra = {"num_layers": draft_layers} if draft_layers is not None else {}
+    module = r.new_module(target, num_heads=num_heads, rmsnorm=rmsnorm, **extra)
+    return train_init(module, seed, identity=r.style == "heads")
 
 
 def horizon(kind: str, num_heads: int, unroll: int) -> int:
@@ -70,7 +88,9 @@ def warm_start(module: nn.Module, init: DrafterSpec) -> None:
             for what, names in (("unexpected", unexpected), ("missing", missing), ("other shape", shapes))
             if names
         )
-        raise UsageError(f"{where}: not the {init.kind} module this run trains ({detail}); check --num-heads/--kind")
+        raise UsageError(
+            f"{where}: not the {init.kind} module this run trains ({detail}); check --num-heads/--kind/--draft-layers"
+        )
     with torch.no_grad():
         for name, tensor in state.items():
             if name.endswith("d2t") and not torch.equal(own[name].to(tensor.dtype), tensor):

@@ -47,6 +47,7 @@ from trtspec.train.unroll import unrolled
 class TrainConfig:
     kind: str
     num_heads: int = 3  # linear kinds
+    draft_layers: int | None = None  # block kinds: decoder layers of a fresh drafter (None: the kind's default)
     rmsnorm: bool = True  # mtp kinds
     unroll: int = 2  # recurrent kinds: training steps per position (1 = target features only)
     window: int = 512  # recurrent kinds: max positions per sequence window
@@ -481,7 +482,7 @@ def train(
         label_ids = torch.from_numpy(vocab)
         lm = lm[label_ids].contiguous()
         remap = _Remap(vocab, target.arch.vocab_size)
-    module = make_module(cfg.kind, target, cfg.num_heads, cfg.rmsnorm, cfg.seed)
+    module = make_module(cfg.kind, target, cfg.num_heads, cfg.rmsnorm, cfg.seed, cfg.draft_layers)
     kind_recipe = recipe(cfg.kind)
     if kind_recipe.prepare is not None:
         if remap is not None:
@@ -555,6 +556,8 @@ def train(
         del key["draft_vocab"]
     if key["soft_labels"] == "topk":  # likewise
         del key["soft_labels"]
+    if key["draft_layers"] is None:  # likewise
+        del key["draft_layers"]
     key.update(total=total, cache=cache.meta.get("data_hash"), fingerprint=target.fingerprint)
     if init is not None:  # a run without one keeps the key it always had
         key["init_from"] = str(Path(init.path).resolve())
