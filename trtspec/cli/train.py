@@ -31,9 +31,11 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
-def _kinds(pred) -> str:
-    """The trainable kinds whose recipe matches ``pred`` (help texts name kinds from the registry)."""
-    return " / ".join(n for n, k in registry.KINDS.items() if k.training is not None and pred(k.training))
+def _kinds(pred, show=None) -> str:
+    """The trainable kinds whose recipe matches ``pred`` (help texts name kinds from the registry), or
+    ``show(recipe)`` of each, once per distinct value."""
+    picked = [(n, k.training) for n, k in registry.KINDS.items() if k.training is not None and pred(k.training)]
+    return " / ".join(dict.fromkeys(show(r) if show else n for n, r in picked))
 
 
 @click.command("train-heads")
@@ -62,7 +64,8 @@ def _kinds(pred) -> str:
     "--draft-layers",
     default=None,
     type=click.IntRange(1, 32),
-    help=f"Decoder layers of a fresh {_kinds(lambda r: r.uses_draft_layers)} drafter (default 2; "
+    help=f"Decoder layers of a fresh {_kinds(lambda r: r.draft_layers)} drafter (default "
+    f"{_kinds(lambda r: r.draft_layers, lambda r: str(r.draft_layers))}; "
     "with --init-from, the heads' own). Deeper drafts better and costs more per step, in training and "
     "at every drafting step; the public configs record it as num_hidden_layers.",
 )
@@ -275,7 +278,7 @@ def train_heads_cmd(
     tgt = load_hf_causal_lm(target)
     tok = load_tokenizer(tgt)
     init = _warm_start_heads(init_from, tgt, kind) if init_from is not None else None
-    if init is not None and draft_layers is None and record.training.uses_draft_layers:
+    if init is not None and draft_layers is None and record.training.draft_layers:
         draft_layers = init.arch.num_hidden_layers  # go on training the heads' own depth
     first_batch = _trained_steps(init_from, seed) if init_from is not None else 0
     samples = load_samples(list(data), seed)

@@ -15,6 +15,7 @@ import torch
 
 from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, PyTorchRoute, TrainingRecipe
 from trtspec.drafters.block_layout import (
+    DRAFT_LAYERS,
     block_config,
     load_block,
     module_for,
@@ -92,7 +93,7 @@ KIND = DrafterKind(
     ),
     pytorch=PyTorchRoute(decoding_type="DFlash", draft_format="dflash"),
     training=TrainingRecipe(
-        "block", new_module, save, uses_num_heads=True, uses_draft_layers=True, aux_layers=train_aux_layers
+        "block", new_module, save, uses_num_heads=True, draft_layers=DRAFT_LAYERS, aux_layers=train_aux_layers
     ),
     formats=("dflash",),
     export_formats=("dflash",),

@@ -24,6 +24,7 @@ import torch
 from trtspec.checkpoint.target import read_json
 from trtspec.drafters.base import DirFacts, DrafterKind, EngineRoute, PyTorchRoute, TrainingRecipe
 from trtspec.drafters.block_layout import (
+    DRAFT_LAYERS,
     block_config,
     load_block,
     module_for,
@@ -173,7 +174,7 @@ KIND = DrafterKind(
     ),
     pytorch=PyTorchRoute(decoding_type="DSpark", draft_format="dspark"),
     training=TrainingRecipe(
-        "block", new_module, save, uses_num_heads=True, uses_draft_layers=True, aux_layers=train_aux_layers
+        "block", new_module, save, uses_num_heads=True, draft_layers=DRAFT_LAYERS, aux_layers=train_aux_layers
     ),
     formats=("dspark",),
     max_tree_depth=lambda spec: int(spec.config["block_size"]),

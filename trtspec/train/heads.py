@@ -29,8 +29,8 @@ def recipe(kind: str) -> TrainingRecipe:
 
 def check_draft_layers(kind: str, draft_layers: int | None) -> None:
     """Refuse ``--draft-layers`` for a kind of fixed depth, naming the kinds that take it."""
-    if draft_layers is not None and not recipe(kind).uses_draft_layers:
-        deep = [n for n in registry.trainable() if registry.get(n).training.uses_draft_layers]
+    if draft_layers is not None and not recipe(kind).draft_layers:
+        deep = [n for n in registry.trainable() if registry.get(n).training.draft_layers]
         raise UsageError(f"--draft-layers: {kind} has a fixed depth; only {', '.join(deep)} take a layer count")
 
 
@@ -45,7 +45,7 @@ def make_module(
     """A freshly initialised module. Heads-style kinds start as the identity (ResBlock weights 0), so
     before training every head proposes the target's own next token; recurrent kinds get a small normal
     init (std 0.02, norms 1), as Llama layers do. ``draft_layers``: decoder layers of a kind whose
-    recipe has ``uses_draft_layers`` (None: the kind's default)."""
+    recipe has a ``draft_layers`` default (None: that default)."""
     r = recipe(kind)
     check_draft_layers(kind, draft_layers)
     extra = {"num_layers": draft_layers} if draft_layers is not None else {}
