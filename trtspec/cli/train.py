@@ -66,8 +66,9 @@ def _kinds(pred, show=None) -> str:
     type=click.IntRange(1, 32),
     help=f"Decoder layers of a fresh {_kinds(lambda r: r.draft_layers)} drafter (default "
     f"{_kinds(lambda r: r.draft_layers, lambda r: str(r.draft_layers))}; "
-    "with --init-from, the heads' own). Deeper drafts better and costs more per step, in training and "
-    "at every drafting step; the public configs record it as num_hidden_layers.",
+    "with --init-from, the heads' own). More layers cost more per step, in training and at every drafting "
+    "step (SmolLM2 DSpark on CPU, 4 layers against 2: 1.8x the training step, 0.1 more tokens accepted per "
+    "step, 1.82x against 1.90x plain); the public configs record it as num_hidden_layers.",
 )
 @click.option(
     "--rmsnorm/--no-rmsnorm",

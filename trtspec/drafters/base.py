@@ -149,9 +149,8 @@ class TrainingRecipe:
     feature_regression: bool = False
     uses_rmsnorm_switch: bool = False  # --rmsnorm/--no-rmsnorm means something for this kind
     uses_num_heads: bool = False  # --num-heads means something for this kind
-    draft_layers: int = (
-        0  # the default depth when --draft-layers means something (new_module takes num_layers=); 0: fixed
-    )
+    # the default depth of a kind whose depth --draft-layers sets (new_module takes num_layers=); 0: fixed
+    draft_layers: int = 0
     aux_layers: Callable[[TargetSpec], tuple[int, ...]] | None = None
     prepare: Callable[..., torch.Tensor] | None = None
 
